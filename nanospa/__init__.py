@@ -1,0 +1,1 @@
+"""nanospa: deep transformers without shortcuts, on a hand-written NumPy/CuPy autograd."""
