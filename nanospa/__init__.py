@@ -1,1 +1,13 @@
-"""nanospa: deep transformers without shortcuts, on a hand-written NumPy/CuPy autograd."""
+"""nanospa: deep transformers without shortcuts (He et al., ICLR 2023, arXiv 2302.10322)
+on a hand-written NumPy/CuPy autograd.
+
+Reading order: backend -> tensor -> functions -> nn -> optim -> gradcheck -> signal/ ->
+init -> model. See README.md for the code map.
+"""
+from . import backend
+from .tensor import Tensor, Function, no_grad
+from . import functions
+from .nn import Module, Parameter
+from .optim import AdamW, SGD
+
+__version__ = "0.1.0"

@@ -1,0 +1,148 @@
+"""Optimisers, gradient clipping and the learning-rate schedule.
+
+Updates change ``param.data`` in place, after backward has freed the graph, so no array
+saved for a backward pass is ever modified. Optimiser state lives on the parameters'
+device and has the parameters' dtype; ``state_dict`` brings it to the host for checkpoints.
+"""
+import math
+
+import numpy as np
+
+from . import backend
+
+
+class Optimizer:
+    def __init__(self, params, lr):
+        self.params = list(params)
+        if lr < 0:
+            raise ValueError(f"learning rate must be >= 0, got {lr}")
+        self.lr = lr
+        self.t = 0
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def state_dict(self):
+        out = {"t": np.asarray(self.t)}
+        for name, arrays in self._state().items():
+            for i, a in enumerate(arrays):
+                if a is not None:
+                    out[f"{name}.{i}"] = backend.to_numpy(a).copy()
+        return out
+
+    def load_state_dict(self, state):
+        self.t = int(state["t"])
+        for name, arrays in self._state().items():
+            for i in range(len(arrays)):
+                key = f"{name}.{i}"
+                if key in state:
+                    if tuple(state[key].shape) != tuple(self.params[i].data.shape):
+                        raise ValueError(f"optimiser state {key!r}: shape {tuple(state[key].shape)} does "
+                                         f"not match parameter {i} of shape {self.params[i].shape}")
+                    arrays[i] = backend.asarray(state[key], dtype=self.params[i].dtype)
+
+    def _state(self):
+        return {}
+
+
+class SGD(Optimizer):
+    """p <- p - lr (g + wd p), with heavy-ball momentum buffer v <- mu v + g (+ wd p)."""
+
+    def __init__(self, params, lr=1e-2, momentum=0.0, weight_decay=0.0):
+        super().__init__(params, lr)
+        self.momentum, self.weight_decay = momentum, weight_decay
+        self.v = [None] * len(self.params)
+
+    def _state(self):
+        return {"v": self.v}
+
+    def step(self):
+        self.t += 1
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            g = p.grad
+            if self.weight_decay and not getattr(p, "no_decay", False):
+                g = g + self.weight_decay * p.data
+            if self.momentum:
+                if self.v[i] is None:
+                    self.v[i] = g.copy()
+                else:
+                    self.v[i] *= self.momentum
+                    self.v[i] += g
+                g = self.v[i]
+            p.data -= self.lr * g
+
+
+class AdamW(Optimizer):
+    """Adam with bias correction and decoupled weight decay (Loshchilov & Hutter):
+        m <- b1 m + (1-b1) g;   v <- b2 v + (1-b2) g^2
+        p <- p - lr * ( m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + wd * p )
+    Parameters marked ``no_decay`` (norm gains, biases, SPA biases) get no weight decay."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        super().__init__(params, lr)
+        self.b1, self.b2 = betas
+        self.eps, self.weight_decay = eps, weight_decay
+        self.m = [None] * len(self.params)
+        self.v = [None] * len(self.params)
+
+    def _state(self):
+        return {"m": self.m, "v": self.v}
+
+    def step(self):
+        self.t += 1
+        c1 = 1.0 - self.b1 ** self.t
+        c2 = 1.0 - self.b2 ** self.t
+        step_size = self.lr / c1
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is None:
+                continue
+            xp = backend.xp_of(p.data)
+            if self.m[i] is None:
+                self.m[i] = xp.zeros_like(p.data)
+                self.v[i] = xp.zeros_like(p.data)
+            m, v = self.m[i], self.v[i]
+            m *= self.b1
+            m += (1.0 - self.b1) * g
+            v *= self.b2
+            v += (1.0 - self.b2) * (g * g)
+            if self.weight_decay and not getattr(p, "no_decay", False):
+                p.data *= 1.0 - self.lr * self.weight_decay
+            denom = xp.sqrt(v * (1.0 / c2))
+            denom += self.eps
+            p.data -= step_size * (m / denom)
+
+
+def global_grad_norm(params):
+    """sqrt of the sum of squared gradients over all parameters (one device sync)."""
+    total = 0.0
+    for p in params:
+        if p.grad is not None:
+            g = p.grad
+            total += float((g * g).sum())
+    return math.sqrt(total)
+
+
+def clip_grad_norm(params, max_norm):
+    """Scale all gradients by min(1, max_norm / global norm). Returns the norm before clipping."""
+    norm = global_grad_norm(params)
+    if max_norm > 0 and norm > max_norm and math.isfinite(norm):
+        scale = max_norm / (norm + 1e-6)
+        for p in params:
+            if p.grad is not None:
+                p.grad = p.grad * scale  # not in place: one array can be several leaves' grad
+    return norm
+
+
+def cosine_lr(it, max_lr, warmup_iters, decay_iters, min_lr):
+    """Linear warm-up from 0 to max_lr over warmup_iters, then cosine decay to min_lr at
+    decay_iters, then min_lr."""
+    if it < warmup_iters:
+        return max_lr * (it + 1) / (warmup_iters + 1)
+    if it >= decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / max(1, decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (max_lr - min_lr)

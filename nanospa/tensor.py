@@ -1,0 +1,250 @@
+"""Tensor, Function and reverse-mode differentiation.
+
+A Tensor wraps a NumPy or CuPy array (``.data``), its gradient (``.grad``, a raw array or
+None) and, when it was made by an op under autograd, the Function node that made it
+(``._ctx``). Each differentiable op is a small Function subclass in functions.py whose
+``forward`` and ``backward`` sit side by side and work on raw arrays of whichever module
+holds them (``ctx.xp``). First-order only.
+
+What happens in ``loss.backward()``:
+  1. an iterative depth-first walk (an explicit stack, no recursion limit) puts every node
+     that needs a gradient in topological order; parents are kept in tuples, so the order
+     is deterministic;
+  2. nodes are visited from the output back; each op's backward returns one gradient per
+     input, ``unbroadcast`` (the only place that undoes broadcasting) sums it back to the
+     input's shape, and gradients of a tensor used more than once are added;
+  3. leaves (parameters) accumulate into ``.grad``; each visited node drops its Function,
+     so the graph and its saved arrays are freed as soon as they are used.
+
+Operator sugar (``+ - * / ** @``, indexing, ``.sum()``, ``.relu()`` ...) is written out
+below in terms of the Functions, one line each: no registration by reflection.
+"""
+import contextlib
+
+import numpy as np
+
+from . import backend
+
+_grad_enabled = True
+
+
+@contextlib.contextmanager
+def no_grad():
+    """Within this block ops record no graph (evaluation, optimiser updates)."""
+    global _grad_enabled
+    prev, _grad_enabled = _grad_enabled, False
+    try:
+        yield
+    finally:
+        _grad_enabled = prev
+
+
+def is_grad_enabled():
+    return _grad_enabled
+
+
+def unbroadcast(g, shape):
+    """Sum a gradient of a broadcast result back to the input's ``shape``."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    if lead > 0:
+        g = g.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g
+
+
+class Function:
+    """Base of every differentiable op. Subclasses define
+
+        forward(ctx, *arrays, **options) -> array
+        backward(ctx, g) -> one gradient (array or None) per array input
+
+    ``ctx`` is the Function instance: ``ctx.xp`` is numpy or cupy, ``ctx.save(...)`` keeps
+    what backward needs in ``ctx.saved``.
+    """
+
+    def save(ctx, *arrays):
+        ctx.saved = arrays
+
+    @classmethod
+    def apply(cls, *inputs, **options):
+        ref = next((t for t in inputs if isinstance(t, Tensor)), None)
+        if ref is None:
+            raise TypeError(f"{cls.__name__}: needs at least one Tensor input")
+        # Python numbers become 0-d arrays of the reference dtype: no float64 promotion.
+        tensors = tuple(t if isinstance(t, Tensor) else Tensor(_constant(t, ref.data)) for t in inputs)
+        arrays = [t.data for t in tensors]
+        ctx = cls()
+        ctx.xp = backend.xp_of(*arrays)
+        try:
+            out = ctx.forward(*arrays, **options)
+        except ValueError as e:  # shape mismatches and the like: name the op and the shapes
+            shapes = ", ".join(str(tuple(a.shape)) for a in arrays)
+            raise ValueError(f"{cls.__name__}: {e} (input shapes {shapes})") from None
+        needs = _grad_enabled and any(t.requires_grad for t in tensors)
+        result = Tensor(out, requires_grad=needs)
+        if needs:
+            ctx.parents = tensors
+            result._ctx = ctx
+        return result
+
+    def __repr__(self):
+        return f"<{type(self).__name__}>"
+
+
+def _constant(value, like):
+    """A non-Tensor operand as an array of ``like``'s module; floating constants take
+    ``like``'s dtype, so a float64 constant never promotes a float32 graph."""
+    xp = backend.xp_of(like)
+    value = xp.asarray(value)
+    if like.dtype.kind == "f" and value.dtype.kind in "fiub" and value.dtype != like.dtype:
+        value = value.astype(like.dtype)
+    return value
+
+
+class Tensor:
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "name", "__weakref__")
+    __array_priority__ = 1000  # so that ndarray * Tensor calls Tensor.__rmul__
+
+    def __init__(self, data, requires_grad=False, dtype=None, name=None):
+        if isinstance(data, Tensor):
+            data = data.data
+        if not (isinstance(data, np.ndarray) or backend.is_device_array(data)):
+            data = np.asarray(data, dtype=dtype)
+        elif dtype is not None and data.dtype != dtype:
+            data = data.astype(dtype)
+        self.data = data
+        self.grad = None
+        self.requires_grad = bool(requires_grad)
+        self._ctx = None
+        self.name = name
+
+    # ---- information --------------------------------------------------------------
+    shape = property(lambda self: tuple(self.data.shape))
+    dtype = property(lambda self: self.data.dtype)
+    ndim = property(lambda self: self.data.ndim)
+    size = property(lambda self: int(self.data.size))
+
+    def __len__(self):
+        return self.data.shape[0]
+
+    def __repr__(self):
+        kind = "cuda" if backend.is_device_array(self.data) else "cpu"
+        g = ", requires_grad=True" if self.requires_grad else ""
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}, device={kind}{g})"
+
+    def numpy(self):
+        return backend.to_numpy(self.data)
+
+    def item(self):
+        """The value of a one-element tensor as a Python number (a device sync on GPU)."""
+        return self.numpy().item()
+
+    def detach(self):
+        return Tensor(self.data)
+
+    # ---- differentiation ----------------------------------------------------------
+    def backward(self, grad=None):
+        """Back-propagate from this tensor; leaves accumulate into ``.grad``."""
+        if not self.requires_grad:
+            raise RuntimeError(f"backward through a tensor of shape {self.shape} that does not "
+                               "require grad (no parameter with requires_grad=True reached it)")
+        xp = backend.xp_of(self.data)
+        if grad is None:
+            if self.data.size != 1:
+                raise RuntimeError(f"backward on a non-scalar output of shape {self.shape} needs "
+                                   "an explicit gradient of the same shape")
+            grad = xp.ones_like(self.data)
+        else:
+            grad = grad.data if isinstance(grad, Tensor) else xp.asarray(grad, dtype=self.dtype)
+            if grad.shape != self.data.shape:
+                raise ValueError(f"backward: gradient shape {tuple(grad.shape)} does not match "
+                                 f"output shape {self.shape}")
+        grads = {id(self): grad}
+        for node in reversed(_topological_order(self)):
+            g = grads.pop(id(node), None)
+            ctx = node._ctx
+            if ctx is None:  # a leaf: accumulate
+                if g is not None:
+                    node.grad = g if node.grad is None else node.grad + g
+                continue
+            node._ctx = None  # free the graph as we go
+            if g is None:
+                continue
+            parent_grads = ctx.backward(g)
+            if not isinstance(parent_grads, tuple):
+                parent_grads = (parent_grads,)
+            for p, pg in zip(ctx.parents, parent_grads):
+                if pg is None or not p.requires_grad:
+                    continue
+                pg = unbroadcast(pg, p.data.shape)
+                if pg.shape != p.data.shape:
+                    raise RuntimeError(f"{type(ctx).__name__}.backward returned a gradient of shape "
+                                       f"{tuple(pg.shape)} for an input of shape {p.shape}")
+                key = id(p)
+                grads[key] = pg if key not in grads else grads[key] + pg
+
+    # ---- operator sugar: each a one-line call of a Function ---------------------------
+    def __add__(self, o): return F.Add.apply(self, o)
+    def __radd__(self, o): return F.Add.apply(o, self)
+    def __sub__(self, o): return F.Sub.apply(self, o)
+    def __rsub__(self, o): return F.Sub.apply(o, self)
+    def __mul__(self, o): return F.Mul.apply(self, o)
+    def __rmul__(self, o): return F.Mul.apply(o, self)
+    def __truediv__(self, o): return F.Div.apply(self, o)
+    def __rtruediv__(self, o): return F.Div.apply(o, self)
+    def __neg__(self): return F.Neg.apply(self)
+    def __pow__(self, p): return F.Pow.apply(self, p=float(p))
+    def __matmul__(self, o): return F.MatMul.apply(self, o)
+    def __rmatmul__(self, o): return F.MatMul.apply(o, self)
+    def __getitem__(self, index): return F.GetItem.apply(self, index=index)
+
+    def sum(self, axis=None, keepdims=False): return F.Sum.apply(self, axis=axis, keepdims=keepdims)
+    def mean(self, axis=None, keepdims=False): return F.Mean.apply(self, axis=axis, keepdims=keepdims)
+    def max(self, axis=None, keepdims=False): return F.Max.apply(self, axis=axis, keepdims=keepdims)
+    def exp(self): return F.Exp.apply(self)
+    def log(self): return F.Log.apply(self)
+    def sqrt(self): return F.Sqrt.apply(self)
+    def tanh(self): return F.Tanh.apply(self)
+    def sigmoid(self): return F.Sigmoid.apply(self)
+    def relu(self): return F.LeakyReLU.apply(self, slope=0.0)
+    def leaky_relu(self, slope=0.01): return F.LeakyReLU.apply(self, slope=float(slope))
+    def gelu(self, approximate="tanh"): return F.GELU.apply(self, approximate=approximate)
+    def softplus(self): return F.Softplus.apply(self)
+    def elu(self, alpha=1.0): return F.ELU.apply(self, alpha=float(alpha))
+    def swish(self): return F.Swish.apply(self)
+    def reshape(self, *shape): return F.Reshape.apply(self, shape=_shape_arg(shape))
+    def transpose(self, *axes): return F.Transpose.apply(self, axes=_shape_arg(axes) or None)
+    permute = transpose
+    T = property(lambda self: F.Transpose.apply(self, axes=None))
+    def softmax(self, axis=-1): return F.Softmax.apply(self, axis=axis)
+    def log_softmax(self, axis=-1): return F.LogSoftmax.apply(self, axis=axis)
+
+
+def _shape_arg(args):
+    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
+
+
+def _topological_order(root):
+    """Nodes that need gradients, parents before children. Iterative (explicit stack)."""
+    order, seen, stack = [], set(), [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        if node._ctx is not None:
+            for p in reversed(node._ctx.parents):
+                if p.requires_grad and id(p) not in seen:
+                    stack.append((p, False))
+    return order
+
+
+from . import functions as F  # noqa: E402  (functions.py needs Tensor and Function defined above)

@@ -1,0 +1,19 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="nanospa",
+    version="0.1.0",
+    description="Deep transformers without shortcuts (E-SPA, U-SPA, Value-SkipInit, DKS/TAT) "
+                "on a hand-written NumPy/CuPy autograd",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["nanospa", "nanospa.*"]),
+    py_modules=["data"],
+    install_requires=["numpy>=1.24", "tqdm"],
+    extras_require={
+        "gpu": ["cupy"],            # or the cupy-cudaXXx wheel matching your CUDA
+        "plot": ["matplotlib"],
+        "test": ["pytest"],
+    },
+)
