@@ -227,6 +227,44 @@ class Swish(Function):
         return g * (s * (1.0 + x * (1.0 - s)))
 
 
+class Identity(Function):
+    def forward(ctx, x):
+        return x
+
+    def backward(ctx, g):
+        return g
+
+
+BASE = {"relu": LeakyReLU, "leaky_relu": LeakyReLU, "gelu": GELU, "gelu_exact": GELU,
+        "sigmoid": Sigmoid, "tanh": Tanh, "softplus": Softplus, "elu": ELU, "swish": Swish,
+        "linear": Identity}
+
+
+class Shaped(Function):
+    """A shaped (DKS/TAT) activation in one op: y = s (phi(a x + b) + o), where phi is one of
+    the base activations above (docs/activations.md §1). Backward: s a phi'(a x + b) g, by
+    the base op's own backward."""
+
+    def forward(ctx, x, base, a=1.0, b=0.0, s=1.0, o=0.0, slope=0.0):
+        ctx.a, ctx.s = a, s
+        u = x * a if a != 1.0 else x
+        if b != 0.0:
+            u = u + b
+        inner = ctx.inner = BASE[base]()
+        inner.xp = ctx.xp
+        options = {"slope": 0.0 if base == "relu" else slope} if inner.__class__ is LeakyReLU else {}
+        if base == "gelu_exact":
+            options["approximate"] = "none"
+        y = inner.forward(u, **options)
+        if o != 0.0:
+            y = y + o
+        return y * s if s != 1.0 else y
+
+    def backward(ctx, g):
+        gs = g * (ctx.s * ctx.a) if ctx.s * ctx.a != 1.0 else g
+        return ctx.inner.backward(gs)
+
+
 class Where(Function):
     """cond ? a : b, with a boolean array ``cond`` that is not differentiated."""
 

@@ -84,6 +84,15 @@ OPS = {
     "cross_entropy": (lambda a: F.cross_entropy(a, TARGETS), [normal(6, 5) * 2]),
     "cross_entropy_ignore": (lambda a: F.cross_entropy(a, TARGETS, ignore_index=2), [normal(6, 5)]),
     "cross_entropy_3d": (lambda a: F.cross_entropy(a, TARGETS.reshape(2, 3)), [normal(2, 3, 5)]),
+    "shaped_lrelu": (lambda a: F.Shaped.apply(a, base="leaky_relu", s=1.3, slope=0.35), [away_from_zero(3, 4)]),
+    "shaped_gelu": (lambda a: F.Shaped.apply(a, base="gelu", a=0.8, b=0.3, s=1.7, o=-0.2), [normal(3, 4)]),
+    "shaped_gelu_exact": (lambda a: F.Shaped.apply(a, base="gelu_exact", a=1.1, s=0.9), [normal(3, 4)]),
+    "shaped_tanh": (lambda a: F.Shaped.apply(a, base="tanh", a=0.5, b=-0.1, s=2.0, o=0.1), [normal(3, 4)]),
+    "shaped_sigmoid": (lambda a: F.Shaped.apply(a, base="sigmoid", a=1.5, s=3.0, o=-0.5), [normal(3, 4)]),
+    "shaped_relu": (lambda a: F.Shaped.apply(a, base="relu", s=1.4), [away_from_zero(3, 4)]),
+    "shaped_softplus_elu_swish": (lambda a: F.Shaped.apply(a, base="softplus", a=0.7)
+                                  + F.Shaped.apply(a, base="elu", s=1.2, b=0.05)
+                                  + F.Shaped.apply(a, base="swish", a=1.3, o=0.2), [away_from_zero(3, 4)]),
     "layernorm": (lambda x, w, b: F.layer_norm(x, w, b), [normal(2, 3, 6), normal(6), normal(6)]),
     "rmsnorm": (lambda x, w: F.rms_norm(x, w), [normal(2, 3, 6), normal(6)]),
 }
