@@ -9,5 +9,7 @@ from .tensor import Tensor, Function, no_grad
 from . import functions
 from .nn import Module, Parameter
 from .optim import AdamW, SGD
+from . import signal
+from .model import GPT, GPTConfig
 
 __version__ = "0.1.0"
