@@ -1,0 +1,73 @@
+"""A compact training run for the experiment commands: the same steps as train.py (AdamW,
+linear warm-up then cosine decay, global-norm clipping), without checkpoints or progress
+bars, returning the loss history as plain numbers."""
+import math
+import time
+
+import numpy as np
+
+from .. import backend
+from ..model import GPT
+from ..optim import AdamW, clip_grad_norm, cosine_lr
+from ..tensor import no_grad
+
+
+def get_batch(tokens, batch_size, block_size, rng):
+    """Random windows of block_size + 1 tokens: inputs (B, T) and next-token targets (B, T)."""
+    starts = rng.integers(0, len(tokens) - block_size - 1, size=batch_size)
+    window = np.stack([np.asarray(tokens[s: s + block_size + 1], dtype=np.int64) for s in starts])
+    return window[:, :-1], window[:, 1:]
+
+
+def evaluate(model, tokens, batch_size, block_size, n_batches, seed=12345):
+    """Mean loss over n_batches fixed random batches (the same batches for every model)."""
+    rng = np.random.default_rng(seed)
+    losses = []
+    with no_grad():
+        for _ in range(n_batches):
+            x, y = get_batch(tokens, batch_size, block_size, rng)
+            losses.append(model(x, y)[1].item())
+    return float(np.mean(losses))
+
+
+def train_run(cfg, train_tokens, val_tokens, *, steps, lr, batch_size=8, seed=0, warmup=None,
+              min_lr_ratio=0.1, weight_decay=0.0, grad_clip=1.0, eval_every=0, eval_batches=4,
+              log_every=1):
+    """Train GPT(cfg) from scratch; returns a dict of plain numbers.
+
+    history: [(iter, train_loss)] every log_every steps; evals: [(iter, val_loss)];
+    final_train / final_val: mean losses over eval_batches fixed batches after training;
+    diverged: True when a loss or gradient norm became non-finite (training stops there).
+    """
+    model = GPT(cfg, seed=seed)
+    opt = AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+    rng = np.random.default_rng(seed + 1)
+    warmup = max(1, steps // 10) if warmup is None else warmup
+    T = cfg.block_size
+    history, evals, diverged = [], [], False
+    t0 = time.time()
+    for it in range(steps):
+        opt.lr = cosine_lr(it, lr, warmup, steps, lr * min_lr_ratio)
+        x, y = get_batch(train_tokens, batch_size, T, rng)
+        _, loss = model(x, y)
+        loss.backward()
+        norm = clip_grad_norm(model.parameters(), grad_clip)
+        value = loss.item()
+        if not (math.isfinite(value) and math.isfinite(norm)):
+            diverged = True
+            history.append((it, float("nan")))
+            break
+        opt.step()
+        opt.zero_grad()
+        if it % log_every == 0 or it == steps - 1:
+            history.append((it, value))
+        if eval_every and (it + 1) % eval_every == 0:
+            evals.append((it + 1, evaluate(model, val_tokens, batch_size, T, eval_batches)))
+    seconds = time.time() - t0
+    nan = float("nan")
+    final_train = nan if diverged else evaluate(model, train_tokens, batch_size, T, eval_batches)
+    final_val = nan if diverged else evaluate(model, val_tokens, batch_size, T, eval_batches)
+    backend.synchronize()
+    return dict(history=history, evals=evals, final_train=final_train, final_val=final_val,
+                diverged=diverged, seconds=seconds, steps_done=len(history) and history[-1][0] + 1,
+                lr=lr, seed=seed, n_params=model.num_params())
