@@ -1,0 +1,115 @@
+"""Checked Cholesky factors and the general SPA transfer matrix.
+
+Implements docs/method.md §5 (general recipe A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1),
+§9 (non-causal variant with symmetric square roots) and the construction checks of §14.
+Float64 NumPy only; no explicit inverses (triangular systems are solved with
+np.linalg.solve on the transposed system) and no silent jitter: a kernel that is not
+positive definite raises ValueError with its minimum eigenvalue. Closed forms for
+E-SPA/U-SPA and the softmax bias/rescale split live in attn_bias.py.
+
+Notation (docs/method.md §1)
+
+    Sigma_prev  Sigma_{l-1}, (T, T) symmetric positive definite kernel entering block l
+    Sigma_next  Sigma_l, (T, T) target kernel after block l
+    chol(S)     lower-triangular factor, S = chol(S) chol(S)^T
+    A           attention matrix of block l, A Sigma_prev A^T = Sigma_next
+"""
+import numpy as np
+
+# Relative symmetry tolerance for input kernels: propagated kernels A S A^T are symmetric
+# only up to rounding (a few ulps of the largest entry), so allow 1e-10 of max |S|.
+SYM_RTOL = 1e-10
+
+
+def _square(S, name):
+    S = np.asarray(S, dtype=np.float64)
+    if S.ndim != 2 or S.shape[0] != S.shape[1]:
+        raise ValueError(f"{name} must be a square (T, T) matrix, got shape {S.shape}")
+    if not np.all(np.isfinite(S)):
+        raise ValueError(f"{name} has non-finite entries")
+    return S
+
+
+def _symmetric(S, name):
+    S = _square(S, name)
+    asym = np.max(np.abs(S - S.T), initial=0.0)
+    if asym > SYM_RTOL * np.max(np.abs(S), initial=0.0):
+        raise ValueError(f"{name} is not symmetric: max |S - S^T| = {asym:.3g}")
+    return S
+
+
+def checked_cholesky(Sigma, name="Sigma"):
+    """Lower-triangular L with Sigma = L L^T. Raises ValueError naming the minimum
+    eigenvalue if Sigma is not positive definite; never adds jitter."""
+    Sigma = _symmetric(Sigma, name)
+    try:
+        return np.linalg.cholesky(Sigma)
+    except np.linalg.LinAlgError:
+        lam_min = np.linalg.eigvalsh(Sigma).min()
+        raise ValueError(f"{name} is not positive definite: min eigenvalue {lam_min:.6g}") from None
+
+
+def transfer_matrix(Sigma_prev, Sigma_next):
+    """A = chol(Sigma_next) chol(Sigma_prev)^-1 (method §5), (T, T) lower triangular, with
+    A Sigma_prev A^T = Sigma_next. Solved as L_prev^T A^T = L_next^T. Non-negativity is
+    not enforced here: it depends on the schedule (method §6, §7.2); see check_attention."""
+    L_prev = checked_cholesky(Sigma_prev, "Sigma_prev")
+    L_next = checked_cholesky(Sigma_next, "Sigma_next")
+    if L_prev.shape != L_next.shape:
+        raise ValueError(f"kernel shapes differ: {L_prev.shape} vs {L_next.shape}")
+    A = np.linalg.solve(L_prev.T, L_next.T).T                   # A L_prev = L_next
+    # L_prev^T is upper triangular, so the LU inside solve never pivots and the entries
+    # above the diagonal come out as exact zeros; tril only makes that explicit.
+    return np.tril(A)
+
+
+def sym_sqrt(S, power=0.5):
+    """Symmetric matrix power S^power = V diag(lambda^power) V^T of a symmetric positive
+    definite S (eigh). Raises ValueError with the minimum eigenvalue otherwise."""
+    S = _symmetric(S, "S")
+    lam, V = np.linalg.eigh(S)
+    if lam.min() <= 0:
+        raise ValueError(f"sym_sqrt needs a positive definite matrix: min eigenvalue {lam.min():.6g}")
+    return (V * lam ** power) @ V.T
+
+
+def noncausal_attention(Sigma_prev, Sigma_next, neg_rtol=1e-12):
+    """Bidirectional SPA (method §9): A = Sigma_next^(1/2) Sigma_prev^(-1/2), dense, with
+    A Sigma_prev A^T = Sigma_next. Non-negativity has no proof (it held in every numerical
+    check), so it is asserted here: an entry below -neg_rtol * max|A| raises ValueError.
+    Not prefix consistent: build it for the exact T."""
+    A = sym_sqrt(Sigma_next, 0.5) @ sym_sqrt(Sigma_prev, -0.5)
+    scale = np.max(np.abs(A))
+    if A.min() < -neg_rtol * scale:
+        raise ValueError(f"non-causal SPA matrix has a negative entry {A.min():.3g}")
+    return A
+
+
+def check_attention(A, Sigma_prev, Sigma_next, causal=True, kernel_atol=1e-8,
+                    neg_rtol=1e-12, raise_error=True):
+    """Construction checks of method §14 for one attention matrix.
+
+    Returns {"kernel_err": max |A Sigma_prev A^T - Sigma_next|, "upper_max": max |A| above
+    the diagonal (reported as 0 when causal=False), "min_entry": min A}. Raises
+    ValueError (if raise_error) when kernel_err > kernel_atol (the kernels have unit-scale
+    entries, so an absolute tolerance; default 1e-8 from method §14), when a causal A has
+    a non-zero entry above the diagonal, or when min A < -neg_rtol * max|A| (exact zeros
+    from exp underflow are fine, sign errors are not)."""
+    A = _square(A, "A")
+    Sigma_prev, Sigma_next = _square(Sigma_prev, "Sigma_prev"), _square(Sigma_next, "Sigma_next")
+    if not A.shape == Sigma_prev.shape == Sigma_next.shape:
+        raise ValueError(f"shapes differ: A {A.shape}, Sigma_prev {Sigma_prev.shape}, "
+                         f"Sigma_next {Sigma_next.shape}")
+    report = {
+        "kernel_err": float(np.max(np.abs(A @ Sigma_prev @ A.T - Sigma_next))),
+        "upper_max": float(np.max(np.abs(np.triu(A, 1)), initial=0.0)) if causal else 0.0,
+        "min_entry": float(A.min()),
+    }
+    if raise_error:
+        if report["kernel_err"] > kernel_atol:
+            raise ValueError(f"A Sigma_prev A^T misses Sigma_next by {report['kernel_err']:.3g}")
+        if report["upper_max"] > 0.0:
+            raise ValueError(f"A is not lower triangular: max |A[i, j>i]| = {report['upper_max']:.3g}")
+        if report["min_entry"] < -neg_rtol * np.max(np.abs(A)):
+            raise ValueError(f"A has a negative entry {report['min_entry']:.3g}")
+    return report

@@ -1,0 +1,195 @@
+"""Kernels, rank-collapse measures, SPA target kernels and their depth schedules.
+
+Implements docs/method.md §3 (kernel analysis, rank collapse under plain attention),
+§4 (Value-SkipInit at init), §6 (U-SPA target and rho schedule) and §7.1/§7.3 (E-SPA
+target and gamma schedule). Everything is float64 NumPy on host arrays. The attention
+matrices that map one target kernel to the next live in cholesky.py (general) and
+attn_bias.py (closed forms, log space, bias/rescale split).
+
+Notation (docs/method.md §1)
+
+    T          sequence length
+    d          width
+    L          number of blocks (n_layer)
+    X          (..., T, d) token representations
+    Sigma      (..., T, T) kernel X X^T / d; its diagonal holds the q-values
+    C          normalised kernel diag(Sigma)^-1/2 Sigma diag(Sigma)^-1/2 (cosines)
+    gamma_l    E-SPA decay rate: Sigma_l[i, j] = exp(-gamma_l |i - j|), gamma_0 = inf
+    a_l        AR(1) innovation scale sqrt(1 - exp(-2 gamma_l))
+    rho_l      U-SPA correlation: Sigma_l = (1 - rho_l) I + rho_l 1 1^T, rho_0 = 0
+    P          causal attention matrix (row-stochastic, lower triangular)
+"""
+import operator
+
+import numpy as np
+
+
+def check_T(T):
+    """Return T as a Python int >= 1, or raise ValueError."""
+    try:
+        T = operator.index(T)
+    except TypeError:
+        raise ValueError(f"T must be an integer, got {T!r}") from None
+    if T < 1:
+        raise ValueError(f"T must be >= 1, got {T}")
+    return T
+
+
+# ---------------------------------------------------------------- empirical kernels
+
+def kernel_matrix(X, mean=False):
+    """Sigma = X X^T / d.  X: (..., T, d) -> (..., T, T); mean=True averages over the
+    leading (batch) dims and returns (T, T)."""
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim < 2:
+        raise ValueError(f"X must have shape (..., T, d), got shape {X.shape}")
+    Sigma = X @ np.swapaxes(X, -1, -2) / X.shape[-1]            # (..., T, T)
+    if mean and Sigma.ndim > 2:
+        Sigma = Sigma.reshape(-1, *Sigma.shape[-2:]).mean(axis=0)
+    return Sigma
+
+
+def q_values(Sigma):
+    """Diagonal of Sigma: (..., T, T) -> (..., T), the per-token second moments."""
+    return np.diagonal(np.asarray(Sigma, dtype=np.float64), axis1=-2, axis2=-1).copy()
+
+
+def normalised_kernel(Sigma):
+    """C = diag(Sigma)^-1/2 Sigma diag(Sigma)^-1/2, batched over leading dims; unit diagonal."""
+    Sigma = np.asarray(Sigma, dtype=np.float64)
+    q = q_values(Sigma)
+    if not np.all(q > 0):
+        raise ValueError(f"normalised_kernel needs a positive diagonal, min q = {q.min():.3g}")
+    s = 1.0 / np.sqrt(q)
+    return Sigma * s[..., :, None] * s[..., None, :]
+
+
+# ---------------------------------------------------------------- rank-collapse measures
+
+def _offdiag(C):
+    C = np.asarray(C, dtype=np.float64)
+    return C[~np.eye(C.shape[-1], dtype=bool)]                    # (T (T - 1),)
+
+
+def mean_offdiag(C):
+    """Mean of C[i, j] over i != j (nan for T = 1). Tends to 1 under rank collapse."""
+    off = _offdiag(C)
+    return float(off.mean()) if off.size else float("nan")
+
+
+def min_offdiag(C):
+    """Smallest C[i, j] with i != j (nan for T = 1)."""
+    off = _offdiag(C)
+    return float(off.min()) if off.size else float("nan")
+
+
+def min_entry(C):
+    """Smallest entry of C, diagonal included (the "min C_l entry" of method §3.4)."""
+    return float(np.min(C))
+
+
+def effective_rank(Sigma):
+    """exp(H(p)), p_k = lambda_k / sum(lambda): the exponential of the Shannon entropy of
+    the normalised eigenvalue distribution (Roy & Vetterli's effective rank). It is T for
+    Sigma proportional to I and 1 for a rank-one Sigma; eigenvalues below 0 from rounding
+    are treated as 0. Batched over leading dims."""
+    lam = np.clip(np.linalg.eigvalsh(np.asarray(Sigma, dtype=np.float64)), 0.0, None)
+    p = lam / lam.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        plogp = np.where(p > 0, p * np.log(p), 0.0)
+    return np.exp(-plogp.sum(axis=-1))
+
+
+def kernel_stats(Sigma):
+    """Summary of one (T, T) kernel: q-values (min/mean/max) and, on the normalised kernel
+    C, the mean off-diagonal, min entry, first-to-last C[0, T-1], the mean adjacent
+    correlation C[i, i+1], and the effective rank of Sigma. Values are Python floats."""
+    Sigma = np.asarray(Sigma, dtype=np.float64)
+    if Sigma.ndim != 2 or Sigma.shape[0] != Sigma.shape[1]:
+        raise ValueError(f"kernel_stats needs one square (T, T) kernel, got shape {Sigma.shape}")
+    q, C = q_values(Sigma), normalised_kernel(Sigma)
+    T = Sigma.shape[0]
+    return {
+        "q_min": float(q.min()), "q_mean": float(q.mean()), "q_max": float(q.max()),
+        "mean_offdiag": mean_offdiag(C),
+        "min_entry": min_entry(C),
+        "first_to_last": float(C[0, -1]) if T > 1 else float("nan"),
+        "adjacent_mean": float(np.diagonal(C, 1).mean()) if T > 1 else float("nan"),
+        "effective_rank": float(effective_rank(Sigma)),
+    }
+
+
+# ---------------------------------------------------------------- SPA targets and schedules
+
+def espa_kernel(T, gamma):
+    """E-SPA target (method §7.1): Sigma[i, j] = exp(-gamma |i - j|); gamma = inf gives I."""
+    T = check_T(T)
+    if not gamma > 0:
+        raise ValueError(f"gamma must be > 0 (or inf), got {gamma!r}")
+    if np.isinf(gamma):
+        return np.eye(T)
+    i = np.arange(T)
+    return np.exp(-gamma * np.abs(i[:, None] - i[None, :]).astype(np.float64))
+
+
+def uspa_kernel(T, rho):
+    """U-SPA target (method §6): Sigma = (1 - rho) I + rho 1 1^T, 0 <= rho < 1."""
+    T = check_T(T)
+    if not 0.0 <= rho < 1.0:
+        raise ValueError(f"rho must be in [0, 1), got {rho!r}")
+    return (1.0 - rho) * np.eye(T) + rho * np.ones((T, T))
+
+
+def espa_gammas(n_layer, gamma_final=0.005):
+    """[gamma_0 = inf, gamma_1, ..., gamma_L] with a_l = a_L^(l/L) (method §7.3), i.e.
+    gamma_l = -1/2 log(1 - (1 - exp(-2 gamma_L))^(l/L)). Each layer then has the same
+    diagonal a_L^(1/L) and log det Sigma_l falls linearly in l.
+
+    Computed in log space so large gamma_final keeps its precision; gamma_L is set to
+    gamma_final exactly. Default gamma_final = 0.005 is nanospa's choice (method §7.3),
+    not a value known from the paper."""
+    L = operator.index(n_layer)
+    if L < 1:
+        raise ValueError(f"n_layer must be >= 1, got {n_layer}")
+    if not 0.0 < gamma_final < np.inf:
+        raise ValueError(f"gamma_final must be finite and > 0, got {gamma_final!r}")
+    log_a2_L = np.log(-np.expm1(-2.0 * gamma_final))          # log a_L^2
+    frac = np.arange(1, L + 1) / L                             # l / L
+    gammas = np.concatenate([[np.inf], -0.5 * np.log(-np.expm1(frac * log_a2_L))])
+    gammas[L] = gamma_final
+    return gammas
+
+
+def uspa_rhos(n_layer, rho_final=0.8):
+    """[rho_0 = 0, rho_1, ..., rho_L] with 1 - rho_l = (1 - rho_L)^(l/L) (method §6), the
+    analogue of the E-SPA schedule. Default rho_final = 0.8 is nanospa's choice."""
+    L = operator.index(n_layer)
+    if L < 1:
+        raise ValueError(f"n_layer must be >= 1, got {n_layer}")
+    if not 0.0 <= rho_final < 1.0:
+        raise ValueError(f"rho_final must be in [0, 1), got {rho_final!r}")
+    frac = np.arange(1, L + 1) / L
+    rhos = np.concatenate([[0.0], -np.expm1(frac * np.log1p(-rho_final))])
+    rhos[L] = rho_final
+    return rhos
+
+
+# ---------------------------------------------------------------- standard attention at init
+
+def uniform_causal_attention(T):
+    """Causal softmax with zero queries and no bias (method §3.4): P[i, j] = 1/(i+1), j <= i."""
+    T = check_T(T)
+    return np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
+
+
+def value_skipinit_attention(T, alpha=1.0, beta=0.0, P=None):
+    """Value-SkipInit mixing (method §4): alpha I + beta P, with P the uniform causal
+    matrix by default (zero queries). At init alpha = 1, beta = 0 it is I, so Sigma passes
+    through the attention sublayer unchanged."""
+    T = check_T(T)
+    if P is None:
+        P = uniform_causal_attention(T)
+    P = np.asarray(P, dtype=np.float64)
+    if P.shape != (T, T):
+        raise ValueError(f"P must have shape ({T}, {T}), got {P.shape}")
+    return alpha * np.eye(T) + beta * P

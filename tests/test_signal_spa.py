@@ -1,0 +1,259 @@
+"""Tests for nanospa/signal/cholesky.py and attn_bias.py: SPA attention matrices, their
+softmax realisation (B, D), the non-causal variant, and a finite-width check
+(docs/method.md §5-§9, §14, §15). All float64."""
+import time
+
+import numpy as np
+import pytest
+
+from nanospa.signal import (bias_and_rescale, check_attention, checked_cholesky,
+                            espa_attention, espa_bias_and_rescale, espa_gammas, espa_kernel,
+                            espa_log_attention, log_attention_from, noncausal_attention,
+                            spa_layers, sym_sqrt, transfer_matrix, uspa_attention,
+                            uspa_bias_and_rescale, uspa_kernel, uspa_rhos)
+
+EPS = np.finfo(np.float64).eps
+
+
+def schedule(kind, L, T):
+    """[(Sigma_{l-1}, Sigma_l, A_l)] for l = 1..L along the default schedule."""
+    if kind == "espa":
+        g = espa_gammas(L)
+        return [(espa_kernel(T, g[l - 1]), espa_kernel(T, g[l]), espa_attention(T, g[l], g[l - 1]))
+                for l in range(1, L + 1)]
+    r = uspa_rhos(L)
+    return [(uspa_kernel(T, r[l - 1]), uspa_kernel(T, r[l]), uspa_attention(T, r[l], r[l - 1]))
+            for l in range(1, L + 1)]
+
+
+# ---------------------------------------------------------------- construction
+
+
+@pytest.mark.parametrize("kind", ["espa", "uspa"])
+def test_closed_form_maps_kernel_and_is_causal_nonnegative(kind):
+    for Sigma_prev, Sigma_next, A in schedule(kind, 36, 128):
+        # A Sigma_prev A^T = Sigma_next to 1e-12: unit-scale entries, rounding only
+        rep = check_attention(A, Sigma_prev, Sigma_next, kernel_atol=1e-12)
+        assert rep["upper_max"] == 0.0 and rep["min_entry"] >= 0.0
+
+
+@pytest.mark.parametrize("kind", ["espa", "uspa"])
+def test_propagation_from_identity_ends_at_target(kind):
+    T, L = 128, 36
+    Sigma = np.eye(T)
+    for _, _, A in schedule(kind, L, T):
+        Sigma = A @ Sigma @ A.T
+    target = espa_kernel(T, 0.005) if kind == "espa" else uspa_kernel(T, 0.8)
+    # 36 products of unit-scale matrices, each exact to rounding: 1e-12 is ~50 ulps per layer
+    np.testing.assert_allclose(Sigma, target, rtol=0, atol=1e-12)
+
+
+def test_espa_closed_form_matches_cholesky_random():
+    rng = np.random.default_rng(0)
+    for _ in range(150):
+        T = int(rng.integers(1, 201))
+        g, g_prev = np.sort(np.exp(rng.uniform(np.log(1e-5), np.log(7.4), 2)))
+        if rng.random() < 0.2:
+            g_prev = np.inf                                      # layer 1
+        Sp, Sn = espa_kernel(T, g_prev), espa_kernel(T, g)
+        A, R = espa_attention(T, g, g_prev), transfer_matrix(Sp, Sn)
+        # the closed form itself hits the target to rounding ...
+        assert np.abs(A @ Sp @ A.T - Sn).max() < 1e-13
+        # ... while the Cholesky route carries the forward error of two factors of kernels
+        # with condition numbers up to ~1e7 (small gamma): bound eps sqrt(cond_p cond_n),
+        # observed at most 0.03 of it
+        tol = 1e-14 + EPS * np.sqrt(np.linalg.cond(Sp) * np.linalg.cond(Sn))
+        assert np.abs(A - R).max() <= tol * np.abs(R).max()
+
+
+def test_uspa_closed_form_matches_cholesky_random():
+    rng = np.random.default_rng(1)
+    for _ in range(150):
+        T = int(rng.integers(1, 201))
+        rho_prev, rho = np.sort(rng.uniform(0.0, 0.99, 2))
+        A = uspa_attention(T, rho, rho_prev)
+        R = transfer_matrix(uspa_kernel(T, rho_prev), uspa_kernel(T, rho))
+        # cond <= (1 + 199 * 0.99) / 0.01 ~ 2e4: 1e-12 leaves a factor 20 over eps * cond
+        np.testing.assert_allclose(A, R, rtol=0, atol=1e-12)
+        assert A.min() >= 0.0
+
+
+def test_wrong_way_schedule_goes_negative():
+    """Documented property (method §6, §7.2): gamma increasing or rho decreasing gives a
+    signed A, which softmax cannot realise. The closed forms refuse such a step."""
+    T = 50
+    A = transfer_matrix(espa_kernel(T, 0.2), espa_kernel(T, 0.5))     # gamma 0.2 -> 0.5
+    assert A.min() == pytest.approx(-0.527, abs=1e-3)                 # method §7.2: -0.53
+    A = transfer_matrix(uspa_kernel(T, 0.6), uspa_kernel(T, 0.3))     # rho 0.6 -> 0.3
+    assert A.min() == pytest.approx(-0.415, abs=1e-3)                 # method §6: ~ -0.42
+    with pytest.raises(ValueError, match="negative entry"):
+        check_attention(A, uspa_kernel(T, 0.6), uspa_kernel(T, 0.3))
+    with pytest.raises(ValueError, match="gamma <= gamma_prev"):
+        espa_log_attention(T, 0.5, 0.2)
+    with pytest.raises(ValueError, match="rho >= rho_prev"):
+        uspa_attention(T, 0.3, 0.6)
+    # the non-causal variant goes negative too, and is refused at construction
+    with pytest.raises(ValueError, match="negative entry"):
+        noncausal_attention(uspa_kernel(T, 0.6), uspa_kernel(T, 0.3))
+
+
+def test_equal_steps_give_identity():
+    np.testing.assert_array_equal(espa_attention(20, 0.3, 0.3), np.eye(20))
+    np.testing.assert_array_equal(espa_attention(20, np.inf, np.inf), np.eye(20))
+    np.testing.assert_array_equal(uspa_attention(20, 0.4, 0.4), np.eye(20))
+
+
+def test_checked_cholesky_refuses_indefinite_without_jitter():
+    S = np.array([[1.0, 0.9, 0.0], [0.9, 1.0, 0.9], [0.0, 0.9, 1.0]])   # min eigenvalue < 0
+    lam = np.linalg.eigvalsh(S).min()
+    with pytest.raises(ValueError, match=f"min eigenvalue {lam:.6g}"):
+        checked_cholesky(S)
+    with pytest.raises(ValueError, match="not symmetric"):
+        checked_cholesky(np.array([[1.0, 0.5], [0.0, 1.0]]))
+    L = checked_cholesky(espa_kernel(30, 0.1))
+    np.testing.assert_allclose(L @ L.T, espa_kernel(30, 0.1), rtol=0, atol=1e-14)
+
+
+def test_noncausal_variant_maps_kernel():
+    T = 40
+    for Sp, Sn in [(np.eye(T), espa_kernel(T, 0.8)), (espa_kernel(T, 0.3), espa_kernel(T, 0.05)),
+                   (uspa_kernel(T, 0.2), uspa_kernel(T, 0.7))]:
+        A = noncausal_attention(Sp, Sn)
+        # eigh-based square roots: error ~ eps * cond (cond(Sigma) < 2e3 here)
+        np.testing.assert_allclose(A @ Sp @ A.T, Sn, rtol=0, atol=1e-11)
+        assert A.min() >= -1e-12 * np.abs(A).max()
+    S = espa_kernel(T, 0.2)
+    np.testing.assert_allclose(sym_sqrt(S) @ sym_sqrt(S), S, rtol=0, atol=1e-13)
+
+
+# ---------------------------------------------------------------- bias and rescale
+
+
+@pytest.mark.parametrize("kind", ["espa", "uspa"])
+def test_bias_rows_sum_to_one_and_D_at_least_one(kind):
+    T = 256
+    for layer in spa_layers(kind, T, 36):
+        B, D, logA = layer["B"], layer["D"], layer["logA"]
+        np.testing.assert_allclose(np.exp(B).sum(axis=1), 1.0, rtol=1e-13)   # softmax(B) rows
+        assert B.max() <= 0.0 and np.all(np.isneginf(B[np.triu_indices(T, 1)]))
+        assert D[0] == 1.0 and np.all(D >= 1.0 - 1e-15)
+        # A = diag(D) softmax(B) reproduces the closed form
+        np.testing.assert_allclose(D[:, None] * np.exp(B), np.exp(logA), rtol=1e-13, atol=1e-300)
+        B2, D2 = bias_and_rescale(logA)                           # generic log-sum-exp route
+        np.testing.assert_allclose(D2, D, rtol=1e-13)
+        low = np.tril_indices(T)
+        np.testing.assert_allclose(B2[low], B[low], rtol=1e-12, atol=1e-12)
+
+
+def test_log_attention_from():
+    A = espa_attention(30, 0.2, 0.6)
+    logA = log_attention_from(A)
+    np.testing.assert_allclose(logA, espa_log_attention(30, 0.2, 0.6), rtol=1e-13)
+    assert np.all(np.isneginf(logA[np.triu_indices(30, 1)]))
+    with pytest.raises(ValueError, match="lower triangular"):
+        log_attention_from(A.T)
+    with pytest.raises(ValueError, match="negative entry"):
+        log_attention_from(-np.eye(3))
+
+
+def test_prefix_consistency():
+    """Built once at T_max and sliced, A, B and D equal the objects built at t (method §5)."""
+    T_max, (g, gp), (r, rp) = 96, espa_gammas(12)[[5, 4]], uspa_rhos(12)[[5, 4]]
+    big = {"espa": (espa_log_attention(T_max, g, gp), *espa_bias_and_rescale(T_max, g, gp)),
+           "uspa": (log_attention_from(uspa_attention(T_max, r, rp)), *uspa_bias_and_rescale(T_max, r, rp))}
+    for t in (1, 2, 17, 95):
+        small = {"espa": (espa_log_attention(t, g, gp), *espa_bias_and_rescale(t, g, gp)),
+                 "uspa": (log_attention_from(uspa_attention(t, r, rp)), *uspa_bias_and_rescale(t, r, rp))}
+        # E-SPA entries are elementwise formulas of (i, j): bit-identical
+        for x, y in zip(big["espa"], small["espa"]):
+            np.testing.assert_array_equal(x[:t, :t] if x.ndim == 2 else x[:t], y)
+        # U-SPA D is a row sum; a longer row adds exact zeros but may regroup the pairwise
+        # summation, so allow a few ulps
+        for x, y in zip(big["uspa"], small["uspa"]):
+            np.testing.assert_allclose(x[:t, :t] if x.ndim == 2 else x[:t], y, rtol=1e-14)
+
+
+def test_method_15_check_T2048():
+    """Method §15: at T = 2048, layer 1 (L = 36, gamma_L = 0.005) has finite B and D in
+    [1, 1.436]."""
+    T, g = 2048, espa_gammas(36, 0.005)
+    B, D = espa_bias_and_rescale(T, g[1], g[0])
+    assert np.array_equal(np.isfinite(B), np.tri(T, dtype=bool))
+    assert D.min() == 1.0
+    assert D.max() == pytest.approx(1.436, abs=5e-4)             # quoted to 3 decimals
+
+
+def test_finite_at_T16384():
+    """No underflow in log space at T = 16384 for layer 1 and the last layer of a 36-layer
+    schedule (built with exp, layer 1 underflows at distances above ~670). One 2 GB
+    matrix, buffer reused."""
+    T, g = 16384, espa_gammas(36)
+    lower = np.tri(T, dtype=bool)
+    B = np.empty((T, T))
+    for l in (1, 36):
+        B, D = espa_bias_and_rescale(T, g[l], g[l - 1], out=B)
+        assert np.array_equal(np.isfinite(B), lower)             # finite exactly on j <= i
+        assert B.max() <= 0.0 and np.all(np.isfinite(D)) and D.min() == 1.0
+    del B
+
+
+def test_spa_layers_generator_options():
+    T, L = 64, 6
+    ref = list(spa_layers("espa", T, L))
+    assert [x["l"] for x in ref] == list(range(1, L + 1))
+    assert [x["gamma"] for x in ref] == espa_gammas(L)[1:].tolist()
+    for kind in ("espa", "uspa"):
+        plain = [{k: np.copy(v) for k, v in x.items()} for x in spa_layers(kind, T, L)]
+        reused = spa_layers(kind, T, L, reuse_buffers=True)
+        for x, y in zip(plain, reused):
+            np.testing.assert_array_equal(x["B"], y["B"])
+            np.testing.assert_array_equal(x["logA"], y["logA"])
+        for x, y in zip(plain, spa_layers(kind, T, L, with_logA=False, dtype=np.float32)):
+            assert y["logA"] is None and y["B"].dtype == np.float32 and y["D"].dtype == np.float64
+            np.testing.assert_array_equal(x["B"].astype(np.float32), y["B"])   # rounded once
+    with pytest.raises(ValueError, match="kind"):
+        next(spa_layers("softmax", T, L))
+
+
+def test_spa_layers_speed_T1024():
+    """Building B and D for 36 layers at T = 1024 is cheap: each layer writes one 8 MB
+    matrix in one pass (about 0.1 s in total on one core)."""
+    t0 = time.perf_counter()
+    for _ in spa_layers("espa", 1024, 36, with_logA=False, reuse_buffers=True):
+        pass
+    assert time.perf_counter() - t0 < 5.0                         # generous: shared CPUs
+
+
+# ---------------------------------------------------------------- finite width
+
+
+def spa_mha(X, Wq, Wk, Wv, Wo, B, D, H):
+    """One SPA attention sublayer (method §2.1). X (T, d); B (T, T), -inf above the diagonal."""
+    T, d = X.shape
+    dk = d // H
+    split = lambda Y: Y.reshape(T, H, dk).transpose(1, 0, 2)          # (T, d) -> (H, T, dk)
+    q, k, v = split(X @ Wq), split(X @ Wk), split(X @ Wv)
+    logits = q @ k.transpose(0, 2, 1) / np.sqrt(dk) + B              # (H, T, T)
+    P = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    P /= P.sum(axis=-1, keepdims=True)
+    Y = D[:, None] * (P @ v)                                         # (H, T, dk)
+    return Y.transpose(1, 0, 2).reshape(T, d) @ Wo                   # (T, d)
+
+
+@pytest.mark.parametrize("kind", ["espa", "uspa"])
+def test_finite_width_network_reproduces_targets(kind):
+    """W^Q = 0, orthogonal W^V, W^O, X X^T / d = I: the recursion is exact at finite width
+    (method §3.2), so 12 layers hit every Sigma_l to rounding."""
+    rng = np.random.default_rng(0)
+    T, d, H, L = 32, 256, 4, 12
+    orth = lambda: np.linalg.qr(rng.standard_normal((d, d)))[0]
+    X = np.sqrt(d) * orth()[:T]                                    # rows orthogonal, norm^2 d
+    Sigma = X @ X.T / d
+    np.testing.assert_allclose(Sigma, np.eye(T), atol=1e-13)
+    targets = ([espa_kernel(T, g) for g in espa_gammas(L)] if kind == "espa"
+               else [uspa_kernel(T, r) for r in uspa_rhos(L)])
+    for layer in spa_layers(kind, T, L):
+        Wk = rng.standard_normal((d, d)) / np.sqrt(d)
+        X = spa_mha(X, np.zeros((d, d)), Wk, orth(), orth(), layer["B"], layer["D"], H)
+        # 12 layers of unit-scale matmuls over d = 256: rounding ~1e-14, 1e-12 is the brief
+        np.testing.assert_allclose(X @ X.T / d, targets[layer["l"]], rtol=0, atol=1e-12)
