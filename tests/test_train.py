@@ -1,0 +1,333 @@
+"""train.py: settings, bad input, logging, checkpoints (atomic writes, exact resume, Ctrl-C),
+divergence, and the README's main command.
+
+Most runs call train.main([...]) in-process on a tiny model (2 layers, width 16, T = 16)
+and a small text file in tmp_path; a few run `python train.py` as a subprocess where the
+exit status, stderr or a signal is what is tested.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import train
+from nanospa import backend
+from nanospa.model import GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = ("the model attention layer kernel signal deep network without shortcuts token "
+         "sequence learns slowly quickly and or of to a in is").split()
+# Tiny model; eta=0.3 is a TAT target a 2-layer leaky ReLU chain can reach.
+TINY = ["--n_layer=2", "--n_embd=16", "--n_head=2", "--block_size=16", "--batch_size=4",
+        "--eval_iters=2", "--eta=0.3", "--sample_tokens=8", "--warmup_iters=2"]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANOSPA_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    """About 6 kB of word salad: enough for T = 16 windows in both splits."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "tiny.txt"
+    path.write_text(" ".join(rng.choice(WORDS, size=1200)) + "\n", encoding="utf-8")
+    return path
+
+
+def run(tmp_path, text_file, *extra, out="out"):
+    """train.main with the tiny settings; returns the exit status."""
+    return train.main(TINY + [f"--data={text_file}", f"--out_dir={tmp_path / out}", *extra])
+
+
+def read_log(folder):
+    with open(folder / "log.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def subprocess_env(tmp_path):
+    return dict(os.environ, NANOSPA_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1",
+                OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+# ----------------------------------------------------------------------------- settings
+
+def test_defaults_come_from_gptconfig_unless_train_sets_them():
+    for f in fields(GPTConfig):
+        if f.name == "vocab_size":                     # comes from the dataset
+            assert f.name not in train.DEFAULTS
+        elif f.name not in train.TRAIN_DEFAULTS:
+            assert train.DEFAULTS[f.name] == f.default, f.name
+    cfg = GPTConfig(**{k: train.DEFAULTS[k] for k in train.MODEL_KEYS})
+    # the default run: a vanilla E-SPA transformer with a shaped activation, >= 12 layers
+    assert (cfg.attention, cfg.residual, cfg.norm) == ("espa", "none", "none")
+    assert cfg.activation.startswith(("tat_", "dks_")) and cfg.n_layer >= 12
+
+
+def test_overrides_are_type_checked():
+    s = train.parse_args(["--n_layer=3", "--learning_rate=1", "--eval_only", "--data=some file.txt",
+                          "--activation=relu", "--dtype='float64'"], train.DEFAULTS)
+    assert s["n_layer"] == 3 and s["learning_rate"] == 1.0 and isinstance(s["learning_rate"], float)
+    assert s["eval_only"] is True and s["data"] == "some file.txt"
+    assert s["activation"] == "relu" and s["dtype"] == "float64"
+    assert train.parse_args(["--activation=3"], train.DEFAULTS)["activation"] == "3"  # GPTConfig rejects it
+    for bad in ("--n_layer=2.5", "--n_layer=True", "--learning_rate=fast", "--eval_only=1"):
+        with pytest.raises(train.ConfigError, match=bad.split("=")[0]):
+            train.parse_args([bad], train.DEFAULTS)
+
+
+def test_preset_is_applied_before_explicit_overrides():
+    s = train.parse_args(["--n_layer=4", "--preset=gpu"], train.DEFAULTS)
+    assert s["n_layer"] == 4                           # explicit wins, whatever the order
+    assert s["device"] == "cuda" and s["n_embd"] == train.PRESETS["gpu"]["n_embd"]
+    with pytest.raises(train.ConfigError, match="unknown preset 'tpu'"):
+        train.parse_args(["--preset=tpu"], train.DEFAULTS)
+
+
+def test_unknown_key_suggests_the_closest(capsys):
+    assert train.main(["--n_layers=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "error: unknown setting 'n_layers'; did you mean --n_layer?"
+
+
+def test_help_lists_every_key_with_default_and_meaning(capsys):
+    assert train.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split("=")[0].strip(): line for line in out.splitlines() if line.startswith("  --")}
+    assert set(lines) == {f"--{k}" for k in train.DEFAULTS}
+    for key, value in train.DEFAULTS.items():
+        line = lines[f"--{key}"]
+        assert repr(value) in line
+        if key in train.TRAIN_DEFAULTS:                # meaning: the comment beside the default
+            assert len(line.split(repr(value), 1)[1].strip()) > 5, line
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+BAD = {
+    "wrong type": (["--batch_size=four"], "batch_size"),
+    "non-positive size": (["--block_size=0"], "block_size"),
+    "non-positive layers": (["--n_layer=0"], "n_layer"),
+    "indivisible width": (["--n_embd=18", "--n_head=4"], "not divisible"),
+    "negative learning rate": (["--learning_rate=-0.1"], "learning_rate"),
+    "unknown attention": (["--attention=linear"], "attention"),
+    "unknown activation": (["--activation=swishy"], "activation"),
+    "unsupported dtype": (["--dtype=float16"], "dtype"),
+    "unreachable activation target": (["--eta=0.95"], "unreachable"),
+    "bad device": (["--device=tpu"], "device"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_settings_give_one_line_and_status_2(case, tmp_path, text_file, capsys):
+    args, needle = BAD[case]
+    assert run(tmp_path, text_file, *args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and needle in err, err
+    assert not (tmp_path / "out").exists()             # nothing written for a refused run
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "too short", "not utf-8"])
+def test_bad_data_gives_one_line_and_status_2(case, tmp_path, capsys):
+    path = tmp_path / "data.txt"
+    if case == "empty":
+        path.write_text("")
+    elif case == "too short":
+        path.write_text("only a few bytes of text\n")   # val split < block_size + 1
+    elif case == "not utf-8":
+        path.write_bytes(b"abc\xff" * 100)
+    assert train.main(TINY + [f"--data={path}", f"--out_dir={tmp_path / 'out'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "data.txt" in err, err
+
+
+@pytest.mark.skipif(backend.cuda_available(), reason="this machine has a GPU")
+def test_cuda_without_a_gpu_gives_one_line(tmp_path, text_file, capsys):
+    assert run(tmp_path, text_file, "--device=cuda") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: device 'cuda'") and "\n" not in err
+
+
+def test_resume_without_or_with_a_corrupted_checkpoint(tmp_path, text_file, capsys):
+    assert run(tmp_path, text_file, "--init_from=resume") == 2
+    assert capsys.readouterr().err.strip() == f"error: --init_from=resume: no checkpoint at {tmp_path / 'out' / 'ckpt.npz'}"
+    assert run(tmp_path, text_file, "--max_iters=2") == 0
+    _truncate(tmp_path / "out" / "ckpt.npz")
+    capsys.readouterr()
+    assert run(tmp_path, text_file, "--init_from=resume") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: checkpoint {tmp_path / 'out' / 'ckpt.npz'} is unreadable") and "\n" not in err
+
+
+def test_model_cannot_change_on_resume(tmp_path, text_file, capsys):
+    assert run(tmp_path, text_file, "--max_iters=2") == 0
+    capsys.readouterr()
+    assert run(tmp_path, text_file, "--init_from=resume", "--n_embd=32") == 2
+    assert "n_embd=32 (checkpoint: 16)" in capsys.readouterr().err
+
+
+def test_bad_input_from_the_command_line_has_no_traceback(tmp_path):
+    """The real process: exit status 2, one line on stderr, no traceback."""
+    p = subprocess.run([sys.executable, str(ROOT / "train.py"), "--n_embd=18", "--n_head=4"],
+                       cwd=tmp_path, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip().count("\n") == 0 and p.stderr.startswith("error: ")
+    assert "Traceback" not in p.stderr
+
+
+# ----------------------------------------------------------------------------- a run
+
+def test_run_logs_evaluates_checkpoints_and_samples(tmp_path, text_file, capsys):
+    assert run(tmp_path, text_file, "--max_iters=6", "--eval_interval=3", "--log_interval=2") == 0
+    out = capsys.readouterr().out
+    log = read_log(tmp_path / "out")
+    assert [r["iter"] for r in log] == [0, 2, 3, 4, 6]
+    for r in log:
+        assert {"iter", "train_loss", "lr", "tokens_per_s"} <= set(r)
+    evals = [r for r in log if "val_loss" in r]
+    assert [r["iter"] for r in evals] == [0, 3, 6]
+    for r in evals:                                    # per-layer statistics, layers 0..L
+        assert len(r["cos"]) == len(r["q"]) == 3
+        assert all(-1.0 <= c <= 1.0 for c in r["cos"]) and all(q > 0 for q in r["q"])
+    assert "parameters" in out and "plan:" in out and "sample:" in out
+    assert str(tmp_path / "out" / "log.jsonl") in out
+    with np.load(tmp_path / "out" / "ckpt.npz", allow_pickle=False) as z:
+        names = set(z.files)
+        state = json.loads(str(z["state"]))
+        config = json.loads(str(z["config"]))
+    assert {"settings", "config", "state"} <= names
+    assert any(n.startswith("model/") for n in names) and "optim/t" in names
+    assert state["iter"] == 6 and set(state["rng"]) >= {"bit_generator", "state"}
+    assert config["n_layer"] == 2 and config["vocab_size"] == 256
+
+
+def test_lr_schedule_is_warmup_then_cosine(tmp_path, text_file):
+    assert run(tmp_path, text_file, "--max_iters=12", "--log_interval=1", "--warmup_iters=4",
+               "--learning_rate=0.01", "--min_lr=0.001", "--eval_interval=100") == 0
+    lrs = [r["lr"] for r in read_log(tmp_path / "out")[1:]]   # record k holds the lr of step k - 1
+    expected = [train.cosine_lr(it, 0.01, 4, 12, 0.001) for it in range(12)]
+    assert lrs == expected
+    assert lrs[:4] == sorted(lrs[:4]) and lrs[4:] == sorted(lrs[4:], reverse=True)
+
+
+def test_eval_only_reports_and_writes_nothing(tmp_path, text_file, capsys):
+    assert run(tmp_path, text_file, "--eval_only") == 0
+    assert "init: train" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, text_file):
+    common = ["--log_interval=1", "--eval_interval=3", "--lr_decay_iters=8", "--checkpoint_interval=100"]
+    assert run(tmp_path, text_file, "--max_iters=8", *common, out="whole") == 0
+    assert run(tmp_path, text_file, "--max_iters=4", *common, out="split") == 0
+    assert run(tmp_path, text_file, "--max_iters=8", "--init_from=resume", *common, out="split") == 0
+    whole, split = read_log(tmp_path / "whole"), read_log(tmp_path / "split")
+    # Identical records, except that the first half also evaluated at its last step (iter 4).
+    assert [(r["iter"], r["train_loss"], r["lr"]) for r in whole] == \
+        [(r["iter"], r["train_loss"], r["lr"]) for r in split]
+    evals = lambda log: [(r["iter"], r["val_loss"], r["eval_train_loss"], r["cos"], r["q"])
+                         for r in log if "val_loss" in r and r["iter"] != 4]
+    assert evals(whole) == evals(split) and len(evals(whole)) == 4     # iters 0, 3, 6, 8
+    w, s = (np.load(tmp_path / d / "ckpt.npz", allow_pickle=False) for d in ("whole", "split"))
+    for name in w.files:
+        if name.startswith(("model/", "optim/")):
+            np.testing.assert_array_equal(w[name], s[name], err_msg=name)
+
+
+def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(tmp_path, text_file, monkeypatch):
+    assert run(tmp_path, text_file, "--max_iters=4") == 0
+    path = tmp_path / "out" / "ckpt.npz"
+    before = path.read_bytes()
+
+    class Killed(BaseException):
+        """Stands for SIGKILL: nothing in train.py handles it."""
+
+    def killed(src, dst):                              # the process dies before the rename
+        Path(src).write_bytes(Path(src).read_bytes()[:100])   # and leaves a truncated temp file
+        raise Killed
+
+    monkeypatch.setattr(train.os, "replace", killed)
+    with pytest.raises(Killed):
+        run(tmp_path, text_file, "--max_iters=8", "--init_from=resume", "--checkpoint_interval=1")
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert train.load_checkpoint(str(path))["state"]["iter"] == 4
+    (tmp_path / "out" / "ckpt.npz.999.tmp").write_bytes(b"PK\x03\x04 truncated")  # a stray temp file
+    assert run(tmp_path, text_file, "--max_iters=6", "--init_from=resume") == 0
+    assert train.load_checkpoint(str(path))["state"]["iter"] == 6
+
+
+def test_non_finite_gradient_stops_and_keeps_the_last_good_checkpoint(tmp_path, text_file, capsys, monkeypatch):
+    calls, real = [], train.clip_grad_norm
+
+    def clip(params, max_norm):                        # the 5th step's gradient is non-finite
+        calls.append(1)
+        return float("nan") if len(calls) == 5 else real(params, max_norm)
+
+    monkeypatch.setattr(train, "clip_grad_norm", clip)
+    assert run(tmp_path, text_file, "--max_iters=10", "--checkpoint_interval=2") == 1
+    err = capsys.readouterr().err
+    path = tmp_path / "out" / "ckpt.npz"
+    line = [x for x in err.splitlines() if x.startswith("error:")]
+    assert len(line) == 1 and "iter 5" in line[0] and f"{path} (iter 4)" in line[0]
+    assert train.load_checkpoint(str(path))["state"]["iter"] == 4
+
+
+def test_exploding_learning_rate_stops_cleanly(tmp_path, text_file):
+    """A real divergence in a real process: non-zero status, the message, no traceback."""
+    p = subprocess.run([sys.executable, str(ROOT / "train.py"), *TINY, f"--data={text_file}",
+                        "--learning_rate=1e30", "--warmup_iters=0", "--max_iters=50", "--grad_clip=0.0"],
+                       cwd=tmp_path, env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert "error: non-finite loss or gradient at iter" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, text_file):
+    args = [sys.executable, str(ROOT / "train.py"), *TINY, f"--data={text_file}", "--log_interval=1",
+            "--eval_interval=1000", "--lr_decay_iters=1000", "--checkpoint_interval=1000",
+            "--sample_tokens=0"]
+    p = subprocess.Popen(args + ["--max_iters=100000"], cwd=tmp_path, env=subprocess_env(tmp_path),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log, deadline = tmp_path / "out" / "log.jsonl", time.time() + 30
+    while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 3):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err[-2000:]
+    assert f"checkpoint saved to {Path('out') / 'ckpt.npz'}" in err and "Traceback" not in err
+    k = train.load_checkpoint(str(tmp_path / "out" / "ckpt.npz"))["state"]["iter"]
+    assert k >= 2
+    assert train.main(args[2:] + [f"--out_dir={tmp_path / 'out'}", f"--max_iters={k + 3}",
+                                  "--init_from=resume"]) == 0
+    assert train.main(args[2:] + [f"--out_dir={tmp_path / 'whole'}", f"--max_iters={k + 3}"]) == 0
+    resumed, whole = read_log(tmp_path / "out"), read_log(tmp_path / "whole")
+    assert [r["iter"] for r in resumed] == list(range(k + 4))  # 0..k before Ctrl-C, then k+1..k+3
+    loss = lambda rows: [r["train_loss"] for r in rows if 0 < r["iter"]]
+    assert loss(resumed) == loss(whole)
+
+
+# ----------------------------------------------------------------------------- README command
+
+def test_readme_command_on_the_default_corpus(tmp_path):
+    p = subprocess.run([sys.executable, str(ROOT / "train.py"), "--max_iters=2"], cwd=tmp_path,
+                       env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "data: default" in p.stdout and "sample:" in p.stdout
+    log = read_log(tmp_path / "out")
+    assert [r["iter"] for r in log] == [0, 2] and "val_loss" in log[-1]
+    assert (tmp_path / "out" / "ckpt.npz").is_file()

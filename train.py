@@ -1,0 +1,431 @@
+"""Train a nanospa GPT:  python train.py [--key=value ...]   (--help lists every key)
+
+Reads top to bottom like nanoGPT's train.py: defaults, overrides, backend and seed, data,
+model and init summary, optimiser, get_lr, estimate_loss, the loop, checkpoint, sample.
+The default run is a vanilla transformer (no skips, no norms) with E-SPA attention and a
+TAT-shaped leaky ReLU (docs/method.md §7, §10), small enough for a laptop CPU.
+
+Files in out_dir:
+  log.jsonl  one JSON object per logged step: iter (optimiser steps done), train_loss (loss
+             of that step's batch), lr, tokens_per_s; at evaluation steps also val_loss and
+             eval_train_loss (means over eval_iters fixed batches) and the per-layer signal
+             statistics of docs/method.md §13 on a fixed batch: cos[l] (mean off-diagonal
+             cosine of the hidden states, l = 0..L) and q[l] (mean q-value). iter 0 is the
+             model at init (train_loss there is the eval estimate; no step was taken).
+  ckpt.npz   the latest checkpoint: model and AdamW state, settings and GPTConfig as JSON,
+             iteration, RNG state, best val loss. Written to a temporary file, fsynced and
+             renamed, so a kill at any moment leaves the previous one loadable. No pickles.
+Exit status: 0 done, 1 training diverged, 2 bad settings or data, 130 interrupted (Ctrl-C
+saves a checkpoint first; a second Ctrl-C stops at once).
+"""
+import ast
+import difflib
+import json
+import math
+import os
+import re
+import signal
+import sys
+import time
+import zipfile
+from dataclasses import fields
+
+import numpy as np
+from tqdm import tqdm
+
+from data import VOCAB_SIZE, DataError, check_length, decode, encode, get_batch, load_dataset, unigram_entropy
+from nanospa import backend
+from nanospa.backend import DeviceError
+from nanospa.model import GPT, GPTConfig
+from nanospa.optim import AdamW, clip_grad_norm, cosine_lr
+from nanospa.signal import kernel_matrix, mean_offdiag, normalised_kernel, q_values
+from nanospa.signal.predict import input_kernel, predict_kernels
+from nanospa.tensor import no_grad
+
+# ----------------------------------------------------------------------------- defaults
+# Each key is a --key=value setting; the comment beside it is its --help line. Every
+# GPTConfig field (attention, activation, residual, norm, pos, kernel_budget, ...) is a key
+# too, with GPTConfig's own default unless it is set here.
+TRAIN_DEFAULTS = dict(
+    out_dir="out",             # folder for ckpt.npz and log.jsonl
+    data="default",            # dataset: default | PATH | shakespeare[:FILE] | wikitext2[:...] (see data.py)
+    device="cpu",              # cpu | cuda (needs CuPy and a GPU)
+    seed=0,                    # seeds the weights, the training batches and the sample
+    init_from="scratch",       # scratch | resume (continue from out_dir/ckpt.npz)
+    eval_only=False,           # evaluate once (at init or at the checkpoint) and exit
+    preset="",                 # named bundle of settings applied before the other overrides: gpu
+    max_iters=1500,            # optimiser steps
+    eval_interval=250,         # evaluate train/val loss and signal statistics every N steps
+    eval_iters=10,             # fixed batches per split in each evaluation
+    log_interval=10,           # write a log.jsonl record every N steps
+    checkpoint_interval=250,   # save out_dir/ckpt.npz every N steps (and at the end)
+    batch_size=16,             # sequences per step (B)
+    block_size=64,             # tokens per sequence (T); SPA buffers are built for it
+    n_layer=12,                # transformer blocks (L)
+    n_head=4,                  # attention heads (H)
+    n_embd=64,                 # width (C)
+    learning_rate=2e-3,        # peak AdamW learning rate
+    warmup_iters=100,          # linear warm-up steps
+    lr_decay_iters=0,          # cosine decay reaches min_lr here; 0 = max_iters
+    min_lr=2e-4,               # final learning rate
+    weight_decay=0.0,          # AdamW decoupled weight decay (never on no_decay parameters)
+    beta1=0.9,                 # AdamW beta1
+    beta2=0.95,                # AdamW beta2
+    grad_clip=1.0,             # clip the global gradient norm to this; 0 = off
+    sample_tokens=300,         # tokens generated at the end; 0 = no sample
+    start="\n",                # prompt of the sample
+    temperature=0.8,           # sampling temperature
+    top_k=40,                  # sample among the k most likely tokens; 0 = all
+)
+PRESETS = {  # --preset=NAME: applied first, so explicit --key=value settings win
+    "gpu": dict(device="cuda", n_layer=36, n_head=8, n_embd=512, block_size=256, batch_size=32,
+                max_iters=5000, eval_interval=500, checkpoint_interval=500, eval_iters=20,
+                warmup_iters=200, learning_rate=1e-3, min_lr=1e-4),
+}
+MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]  # vocab_size: from the data
+DEFAULTS = {**TRAIN_DEFAULTS, **{f.name: f.default for f in fields(GPTConfig)
+                                 if f.name in MODEL_KEYS and f.name not in TRAIN_DEFAULTS}}
+EVAL_SEED = 1234  # the fixed evaluation batches do not depend on --seed, so runs compare
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message is one line and names it."""
+
+
+class Diverged(RuntimeError):
+    """A non-finite loss or gradient norm."""
+
+
+# ----------------------------------------------------------------------------- overrides
+
+def convert(key, raw, default):
+    """'--key=raw' -> a value of the default's type (ast.literal_eval; a bare word is a string)."""
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        value = raw
+    if isinstance(default, str):
+        return value if isinstance(value, str) else raw
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        raise ConfigError(f"--{key}={raw}: expected {type(default).__name__} like the default {default!r}")
+    return value
+
+
+def parse_args(argv, defaults):
+    """--key=value overrides on top of `defaults`; --preset=NAME is applied before the rest,
+    wherever it stands; a bare --flag sets a bool key to True."""
+    settings, pairs = dict(defaults), []
+    for arg in argv:
+        key, eq, raw = arg[2:].partition("=")
+        if not arg.startswith("--") or not key:
+            raise ConfigError(f"unexpected argument {arg!r}: settings look like --key=value")
+        if key not in settings:
+            close = difflib.get_close_matches(key, settings, n=1)
+            hint = f"; did you mean --{close[0]}?" if close else "; --help lists the keys"
+            raise ConfigError(f"unknown setting {key!r}{hint}")
+        if not eq and not isinstance(settings[key], bool):
+            raise ConfigError(f"--{key} needs a value: --{key}=VALUE")
+        pairs.append((key, raw if eq else "True"))
+    for key, raw in sorted(pairs, key=lambda kv: kv[0] != "preset"):  # stable: preset first
+        settings[key] = convert(key, raw, settings[key])
+        if key == "preset" and settings[key]:
+            if settings[key] not in PRESETS:
+                raise ConfigError(f"unknown preset {settings[key]!r}; presets: {', '.join(PRESETS)}")
+            settings.update(PRESETS[settings[key]])
+    return settings
+
+
+CHECKS = [  # settings GPTConfig does not check itself: (keys, test, what a good value is)
+    (("batch_size", "block_size", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval"),
+     lambda v: v > 0, "a positive integer"),
+    (("max_iters", "warmup_iters", "lr_decay_iters", "sample_tokens", "top_k"), lambda v: v >= 0, ">= 0"),
+    (("learning_rate", "min_lr", "weight_decay", "grad_clip"), lambda v: 0 <= v < math.inf, "finite and >= 0"),
+    (("beta1", "beta2"), lambda v: 0 <= v < 1, "in [0, 1)"),
+    (("temperature",), lambda v: 0 < v < math.inf, "finite and > 0"),
+    (("device",), lambda v: v in ("cpu", "cuda"), "'cpu' or 'cuda'"),
+    (("init_from",), lambda v: v in ("scratch", "resume"), "'scratch' or 'resume'"),
+    (("start",), lambda v: v != "", "a non-empty prompt"),
+]
+
+
+def check_settings(s):
+    for keys, ok, what in CHECKS:
+        for key in keys:
+            if not ok(s[key]):
+                raise ConfigError(f"{key} must be {what}, got {s[key]!r}")
+
+
+def help_text():
+    """Every key with its default and the comment beside it (here, or in GPTConfig's source)."""
+    notes = {}
+    for path in (__file__, sys.modules[GPTConfig.__module__].__file__):
+        with open(path, encoding="utf-8") as f:
+            for key, note in re.findall(r"^\s+(\w+)(?::\s*\w+)?\s*=.*?#\s*(.+)$", f.read(), re.M):
+                notes.setdefault(key, note.strip())
+    lines = [__doc__.splitlines()[0], "", "settings (--key=value):"]
+    for key, value in DEFAULTS.items():
+        where = "" if key in TRAIN_DEFAULTS else " [GPTConfig]"
+        lines.append(f"  --{key}={value!r:<14} {notes.get(key, '')}{where}")
+    lines.append("presets: " + "; ".join(f"{k}: {v}" for k, v in PRESETS.items()))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- checkpoint
+
+def save_checkpoint(path, model, optimizer, settings, cfg, state):
+    """Write an .npz atomically: temporary file in the same folder, fsync, os.replace."""
+    arrays = {f"model/{k}": v for k, v in model.state_dict().items()}
+    arrays.update({f"optim/{k}": v for k, v in optimizer.state_dict().items()})
+    for name, obj in (("settings", settings), ("config", cfg.to_dict()), ("state", state)):
+        arrays[name] = np.array(json.dumps(obj))                 # a 0-d unicode array, not a pickle
+    tmp = f"{path}.{os.getpid()}.tmp"                           # same folder: os.replace is atomic
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load_checkpoint(path):
+    """-> dict(model=, optim=, settings=, config=, state=); ConfigError when missing or corrupted."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"--init_from=resume: no checkpoint at {path}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        ckpt = {name: json.loads(str(arrays.pop(name))) for name in ("settings", "config", "state")}
+    except (OSError, ValueError, KeyError, EOFError, TypeError, zipfile.BadZipFile) as e:
+        reason = " ".join(f"{type(e).__name__}: {e}".split())
+        raise ConfigError(f"checkpoint {path} is unreadable ({reason}); delete it or use --init_from=scratch") from None
+    for part in ("model", "optim"):
+        ckpt[part] = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(part + "/")}
+    return ckpt
+
+
+# ----------------------------------------------------------------------------- training
+
+def train(argv):
+    """The whole run; returns the exit status (raises for bad input, see main)."""
+    # -- overrides (on resume: the checkpoint's settings, then the command line's)
+    s = parse_args(argv, DEFAULTS)
+    out_dir = s["out_dir"]
+    ckpt_path, log_path = os.path.join(out_dir, "ckpt.npz"), os.path.join(out_dir, "log.jsonl")
+    ckpt = None
+    if s["init_from"] == "resume":
+        ckpt = load_checkpoint(ckpt_path)
+        saved = {k: v for k, v in ckpt["settings"].items() if k in DEFAULTS}
+        s = parse_args(argv, {**DEFAULTS, **saved, "out_dir": out_dir, "preset": ""})
+        changed = [f"{k}={s[k]!r} (checkpoint: {saved[k]!r})" for k in MODEL_KEYS if k in saved and s[k] != saved[k]]
+        if changed:
+            raise ConfigError("the model cannot change on resume: " + ", ".join(changed))
+    check_settings(s)
+    cfg = GPTConfig(vocab_size=VOCAB_SIZE, **{k: s[k] for k in MODEL_KEYS})  # ValueError names a bad field
+    B, T = s["batch_size"], s["block_size"]
+
+    # -- backend and seed
+    backend.use(s["device"])                          # DeviceError without CuPy or a GPU
+    rng = np.random.default_rng(s["seed"])            # training batches; saved in checkpoints
+
+    # -- data
+    ds = load_dataset(s["data"])
+    check_length(ds, T)                               # DataError when a split is shorter than T + 1
+    print(f"data: {ds.name}: {len(ds.train):,} train / {len(ds.val):,} val tokens, unigram entropy "
+          f"{unigram_entropy(ds.train, ds.vocab_size):.3f} nats/token (a context-free predictor)")
+    eval_rng = np.random.default_rng(EVAL_SEED)
+    eval_sets = {split: [get_batch(tokens, B, T, eval_rng) for _ in range(s["eval_iters"])]
+                 for split, tokens in (("train", ds.train), ("val", ds.val))}
+    probe = eval_sets["val"][0][0][:4]                # (b, T) fixed batch for the signal statistics
+
+    # -- model and init summary
+    model = GPT(cfg, seed=s["seed"])                  # ValueError: e.g. an unreachable activation target
+    # A checkpoint's arrays are C-ordered; some fresh weights are not (orthogonal init). Loading
+    # either way gives both runs the same memory layout, so BLAS repeats the same roundings.
+    model.load_state_dict(ckpt["model"] if ckpt else model.state_dict())
+    print(f"model: {model.num_params():,} parameters; L={cfg.n_layer} H={cfg.n_head} C={cfg.n_embd} T={T}; "
+          f"attention={cfg.attention} activation={cfg.activation} residual={cfg.residual} "
+          f"norm={cfg.norm} pos={cfg.pos} {cfg.dtype} on {s['device']}")
+    print("plan: " + " ".join(f"{k}={v}" for k, v in model.plan.info.items()) + f"; activation {model.plan.activation!r}")
+
+    # -- optimiser
+    optimizer = AdamW(model.parameters(), lr=s["learning_rate"], betas=(s["beta1"], s["beta2"]),
+                      weight_decay=s["weight_decay"])  # parameters marked no_decay are never decayed
+    start, best_val, saved_iter = 0, math.inf, None
+    if ckpt:
+        optimizer.load_state_dict(ckpt["optim"])
+        rng.bit_generator.state = ckpt["state"]["rng"]
+        start, saved_iter = ckpt["state"]["iter"], ckpt["state"]["iter"]
+        best_val = ckpt["state"]["best_val_loss"] if ckpt["state"]["best_val_loss"] is not None else math.inf
+        print(f"resumed from {ckpt_path} at iter {start}")
+
+    # -- get_lr: linear warm-up, then cosine decay to min_lr
+    decay_iters = s["lr_decay_iters"] or s["max_iters"]
+
+    def get_lr(it):
+        return cosine_lr(it, s["learning_rate"], s["warmup_iters"], decay_iters, s["min_lr"])
+
+    # -- estimate_loss on the fixed batches, plus the per-layer signal statistics (method §13)
+    def estimate_loss():
+        with no_grad():
+            loss = {split: float(np.mean([model(x, y)[1].item() for x, y in batches]))
+                    for split, batches in eval_sets.items()}
+        kernels = [kernel_matrix(h, mean=True) for h in model.trace(probe).hidden]  # L+1 x (T, T)
+        return dict(val_loss=loss["val"], eval_train_loss=loss["train"], **layer_stats(kernels))
+
+    if not ckpt or s["eval_only"]:
+        ev, label = estimate_loss(), f"iter {start}" if ckpt else "init"
+        print(f"{label}: train {ev['eval_train_loss']:.4f}, val {ev['val_loss']:.4f}\n{label}: measured  {show(ev)}")
+        if not ckpt:
+            predicted = predicted_stats(cfg, model.plan, probe)
+            print(f"{label}: predicted {show(predicted)} (wide limit, same tokens)")
+            ev.update(pred_cos=predicted["cos"], pred_q=predicted["q"])
+    if s["eval_only"]:
+        return 0
+    os.makedirs(out_dir, exist_ok=True)
+    log = open_log(log_path, start)
+    if not ckpt:                                      # iter 0: the model at init
+        write(log, dict(iter=0, train_loss=ev["eval_train_loss"], lr=0.0, tokens_per_s=0.0, **ev))
+    print(f"log: {log_path}  checkpoint: {ckpt_path}")
+
+    # -- the loop: forward, backward, clip, step, zero_grad; log, evaluate, checkpoint
+    stop = []                                         # Ctrl-C: finish the step, save, exit
+
+    def on_sigint(signum, frame):
+        if stop:
+            raise KeyboardInterrupt                   # a second Ctrl-C stops at once
+        stop.append(signum)
+        tqdm.write("Ctrl-C: saving a checkpoint after this step (Ctrl-C again to stop at once)")
+
+    previous_handler = signal.signal(signal.SIGINT, on_sigint)
+    params, tokens, t0, record = model.parameters(), 0, time.perf_counter(), None
+    bar = tqdm(range(start, s["max_iters"]), initial=start, total=s["max_iters"], dynamic_ncols=True)
+    try:
+        for it in bar:
+            lr = optimizer.lr = get_lr(it)
+            x, y = get_batch(ds.train, B, T, rng)     # (B, T) int64 each
+            _, loss = model(x, y)
+            loss.backward()
+            norm = clip_grad_norm(params, s["grad_clip"])
+            value = loss.item()                       # a device sync, like the norm above
+            if not (math.isfinite(value) and math.isfinite(norm)):
+                last_good = f"{ckpt_path} (iter {saved_iter})" if saved_iter is not None else "none written"
+                raise Diverged(f"non-finite loss or gradient at iter {it + 1} (loss {value}, gradient "
+                               f"norm {norm}); stopped. Last good checkpoint: {last_good}")
+            optimizer.step()
+            optimizer.zero_grad()
+            n, tokens = it + 1, tokens + B * T
+            tokens_per_s = tokens / (time.perf_counter() - t0)
+            bar.set_postfix(loss=f"{value:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:.0f}", refresh=False)
+            evaluating = n % s["eval_interval"] == 0 or n == s["max_iters"]
+            if evaluating or n % s["log_interval"] == 0:
+                record = dict(iter=n, train_loss=value, lr=lr, tokens_per_s=tokens_per_s)
+                if evaluating:
+                    record.update(estimate_loss())
+                    best_val = min(best_val, record["val_loss"])
+                    tqdm.write(f"iter {n}: train {record['eval_train_loss']:.4f}, val {record['val_loss']:.4f} | {show(record)}")
+                write(log, record)
+                tokens, t0 = 0, time.perf_counter()   # evaluation time is not training time
+
+            # -- checkpoint
+            if n % s["checkpoint_interval"] == 0 or n == s["max_iters"] or stop:
+                state = dict(iter=n, best_val_loss=best_val if best_val < math.inf else None,
+                             rng=rng.bit_generator.state, data_position=None)  # random windows: no position
+                save_checkpoint(ckpt_path, model, optimizer, s, cfg, state)
+                saved_iter = n
+            if stop:
+                bar.close()
+                print(f"interrupted at iter {n}: checkpoint saved to {ckpt_path}; continue with "
+                      f"python train.py --init_from=resume --out_dir={out_dir}", file=sys.stderr)
+                return 130
+    finally:
+        bar.close()
+        log.close()
+        signal.signal(signal.SIGINT, previous_handler)
+    if record and "val_loss" in record:
+        print(f"done: iter {record['iter']}, train {record['eval_train_loss']:.4f}, val {record['val_loss']:.4f} "
+              f"(best {best_val:.4f}); checkpoint {ckpt_path}, log {log_path}")
+
+    # -- sample
+    if s["sample_tokens"]:
+        prompt = encode(s["start"])[None, :]          # (1, t)
+        out = model.generate(prompt, s["sample_tokens"], temperature=s["temperature"],
+                             top_k=s["top_k"] or None, rng=np.random.default_rng(s["seed"]))
+        print("sample:\n" + decode(out[0]))
+    return 0
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def layer_stats(kernels):
+    """Per-layer mean off-diagonal cosine and mean q-value of kernels Sigma_l (T, T)."""
+    cos = [mean_offdiag(normalised_kernel(S)) if np.all(np.diag(S) > 0) else math.nan for S in kernels]
+    return dict(cos=[round(v, 6) for v in cos], q=[round(float(q_values(S).mean()), 6) for S in kernels])
+
+
+def predicted_stats(cfg, plan, probe):
+    """layer_stats of the kernels nanospa.signal predicts at init (wide limit, docs/method.md
+    §10, §13) for the probe's own token sequences, averaged over them like the measured ones."""
+    preds = [predict_kernels(cfg, sigma_0=input_kernel(tokens=t, pos=cfg.pos, n_embd=cfg.n_embd), plan=plan)
+             for t in probe]
+    return layer_stats([np.mean([p.kernel(l) for p in preds], axis=0) for l in range(cfg.n_layer + 1)])
+
+
+def show(stats):
+    """Per-layer cos and q on one line, at most ~13 layers (log.jsonl has them all)."""
+    step = max(1, len(stats["cos"]) // 12)
+    return (f"cos[0::{step}] " + " ".join(f"{v:.2f}" for v in stats["cos"][::step]) +
+            f" | q[0::{step}] " + " ".join(f"{v:.2g}" for v in stats["q"][::step]))
+
+
+def open_log(path, start):
+    """log.jsonl for appending; a new run starts it afresh, a resumed one keeps iter <= start."""
+    kept = []
+    if start and os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            kept = [line for line in f if line.strip() and json.loads(line)["iter"] <= start]
+    log = open(path, "w", encoding="utf-8")
+    log.writelines(kept)
+    return log
+
+
+def write(log, record):
+    """One JSON line; nan and inf become null (JSON has no such numbers)."""
+    def finite(v):
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+    log.write(json.dumps({k: [finite(u) for u in v] if isinstance(v, list) else finite(v)
+                          for k, v in record.items()}) + "\n")
+    log.flush()
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in argv or "--help" in argv:
+        print(help_text())
+        return 0
+    try:
+        return train(argv)
+    except Diverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (ConfigError, DataError, DeviceError, ValueError) as e:
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)   # one line
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
