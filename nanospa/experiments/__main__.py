@@ -1,0 +1,37 @@
+"""python -m nanospa.experiments NAME [--key=value ...]: one command per figure and table of
+the paper (docs/method.md §12), and the kernel-budget study.
+
+    fig1     normalised kernels at init: standard attention collapses, U-SPA / E-SPA do not
+    fig2     vanilla transformers: standard attention, Value-SkipInit, U-SPA, E-SPA; Pre-LN
+    table1   E-SPA with DKS-GeLU, TAT-LReLU, GeLU, Sigmoid, with and without LayerNorm
+    fig3     normalised residual connections without normalisation vs Pre-LN
+    table2   E-SPA with normalised residuals and LayerNorm vs Pre-LN
+    longer   vanilla E-SPA trained about 5 times longer vs Pre-LN
+    budget   the kernel-budget comparison (nanospa/experiments/budget.py)
+
+Each writes result.json, table.md and plot.png to --out (default out/NAME). Presets:
+--preset=quick (default; a 2-core CPU, about 15 minutes or less), --preset=full (one GPU),
+--preset=tiny (seconds; for tests). `python -m nanospa.experiments NAME --help` lists the
+settings of one command.
+"""
+import importlib
+import sys
+
+COMMANDS = ("fig1", "fig2", "table1", "fig3", "table2", "longer", "budget")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(__doc__)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"error: unknown experiment {name!r}; one of: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(f"nanospa.experiments.{name}")  # lazily: only the one asked for
+    return module.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Figure 1: normalised kernels C_l at init for standard attention, U-SPA and E-SPA at
+several depths, predicted by nanospa.signal and measured on a wide GPT (docs/method.md
+§3.1, §3.4, §6, §7, §10).
+
+    python -m nanospa.experiments fig1 [--preset=quick|full|tiny] [--key=value ...]
+
+Three series per attention kind, all vanilla (no skips, no norm, the configured MLP
+activation; every other GPTConfig field at its default unless set):
+
+    attention-only     the attention-only network of the paper's analysis (method §3.2):
+                       the SPA target kernels, or the uniform-attention recursion (§3.4)
+    model, predicted   the whole model with its MLPs, wide limit (signal.predict_kernels)
+    model, measured    a float64 GPT of width --width at init, on --batch token sequences
+
+No training, so no learning-rate grid; the device is the CPU.
+"""
+import datetime
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from . import runner
+from .settings import help_text, parse_settings, wants_help
+
+NAME = "fig1"
+TITLE = "normalised kernels at init: standard attention collapses, U-SPA and E-SPA do not"
+PAPER = ("Figure 1: the normalised kernel of a deep attention-only vanilla transformer at "
+         "initialisation, at several depths. With standard attention it collapses in rank (every "
+         "entry goes to 1: all tokens look alike); with U-SPA and E-SPA it does not, even when very deep.")
+DEFAULTS = dict(preset="quick", out="", n_layer=24, block_size=64, width=512, n_head=2, batch=4,
+                depths=(), tokens="distinct", data="default", seed=0)
+NOTES = dict(out="output folder (default out/fig1)", width="width (n_embd) of the measured float64 GPT",
+             batch="sequences in the measured batch", depths="depths shown, e.g. 1,4,12,24 (default 1, L/4, L/2, L)",
+             tokens="distinct (T different byte ids per sequence, Sigma_0 = I) | data (windows of --data)",
+             data="dataset for --tokens=data", seed="seed of the measured models and tokens")
+PRESETS = dict(tiny=dict(n_layer=4, block_size=8, width=32, batch=2, depths=(1, 4)),
+               quick=dict(n_layer=24, block_size=64, width=512, batch=4, depths=(1, 4, 12, 24)),
+               full=dict(n_layer=36, block_size=128, width=1024, batch=4, depths=(1, 6, 18, 36)))
+COLLAPSED = 0.99   # mean off-diagonal of C above this: tokens are nearly copies of each other
+
+
+def settings(argv):
+    from ..model import GPTConfig
+    cfg_fields = {f.name: getattr(GPTConfig(), f.name) for f in fields(GPTConfig)
+                  if f.name not in DEFAULTS and f.name not in ("n_embd", "attention", "dtype")}
+    defaults = {**DEFAULTS, **PRESETS["quick"], **cfg_fields}
+    s = parse_settings(argv, defaults, PRESETS, elements={"depths": 0})
+    s["out"] = s["out"] or str(Path("out") / NAME)
+    if s["width"] < 1 or s["batch"] < 1:
+        raise ValueError(f"width and batch must be >= 1, got {s['width']}, {s['batch']}")
+    cfg = GPTConfig(**{k: s[k] for k in cfg_fields}, n_layer=s["n_layer"], block_size=s["block_size"],
+                    n_head=s["n_head"], n_embd=s["width"])
+    return s, cfg
+
+
+def findings(result):
+    lines = []
+    last = result["depths"][-1]
+    for kind, series in result["stats"].items():
+        for label, stats in series.items():
+            st = stats[-1]
+            state = "collapsed" if st["C_mean"] > COLLAPSED else "not collapsed"
+            lines.append(f"{runner.NAMES[kind]}, {label}, depth {last}: mean off-diagonal {st['C_mean']:.4f}, "
+                         f"min entry {st['C_min']:.4f} -> {state}")
+    verdict = []
+    for label in ("attention-only", "model, predicted", "model, measured"):
+        got = {k: result["stats"][k][label][-1]["C_mean"] for k in result["stats"] if label in result["stats"][k]}
+        if len(got) == 3:
+            ok = got["softmax"] > COLLAPSED and got["uspa"] <= COLLAPSED and got["espa"] <= COLLAPSED
+            verdict.append(f"{label}: " + ("as in the paper" if ok else "differs from the paper"))
+    lines.append(f"paper's contrast (standard collapses, U-SPA and E-SPA do not; threshold {COLLAPSED}): "
+                 + "; ".join(verdict))
+    return lines
+
+
+def markdown(result):
+    lines = runner.header_lines(result)
+    s = result["settings"]
+    lines += [f"- Setting: depth {s['n_layer']}, T = {s['block_size']}, activation {result['config']['activation']}, "
+              f"kernel budget {result['config']['kernel_budget']}, measured at width {s['width']} in float64 "
+              f"on {s['batch']} sequences of {'distinct tokens' if s['tokens'] == 'distinct' else 'text'}, seed {s['seed']}",
+              "", "Mean off-diagonal entry of the normalised kernel C_l (min entry in brackets); 1 = rank collapse.", ""]
+    head = ["attention", "series"] + [f"depth {d}" for d in result["depths"]]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for kind, series in result["stats"].items():
+        for label, stats in series.items():
+            cells = [f"{st['C_mean']:.4f} ({st['C_min']:.4f})" for st in stats]
+            lines.append("| " + " | ".join([runner.NAMES[kind], label] + cells) + " |")
+    lines += ["", "## What the paper reports", "", result["paper"], "", "## What nanospa measured", ""]
+    lines += [f"- {line}" for line in result["findings"]]
+    return "\n".join(lines) + "\n"
+
+
+def run(argv):
+    from ..signal.__main__ import figure1, plot_heatmaps
+    if wants_help(argv):
+        print(help_text(f"python -m nanospa.experiments fig1 [--key=value ...]: {TITLE}", DEFAULTS, NOTES, PRESETS)
+              + "\nEvery GPTConfig field (activation, kernel_budget, ...) is a setting too.")
+        return 0
+    t0 = time.time()
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    s, cfg = settings(argv)
+    fig = figure1(cfg, s["depths"], empirical=True, width=s["width"], batch=s["batch"],
+                  tokens=s["tokens"], data=s["data"], seed=s["seed"])
+    out = Path(s["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    public = {k: (list(v) if isinstance(v, tuple) else v) for k, v in s.items() if not k.startswith("_")}
+    result = dict(name=NAME, title=TITLE, paper=PAPER, settings=public, config=cfg.to_dict(),
+                  depths=fig["depths"], stats=fig["stats"], per_layer=fig["per_layer"],
+                  kernels={k: {lab: [m.tolist() for m in mats] for lab, mats in v.items()}
+                           for k, v in fig["kinds"].items()})
+    result["findings"] = findings(result)
+    result["provenance"] = runner.provenance(NAME, argv, dict(device="cpu"), started, t0)
+    runner.write_json(out / "result.json", result)
+    (out / "table.md").write_text(markdown(result), encoding="utf-8")
+    title = f"normalised kernels C_l at init (T={cfg.block_size}, L={cfg.n_layer}, {cfg.activation}, vanilla)"
+    wrote = plot_heatmaps(fig, out / "plot.png", title)
+    print("\n".join(f"  {line}" for line in result["findings"]))
+    print(f"wrote {out / 'result.json'}, {out / 'table.md'}" + (f", {out / 'plot.png'}" if wrote else "")
+          + f" in {runner.duration(time.time() - t0)}")
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return run(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

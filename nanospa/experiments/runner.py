@@ -1,0 +1,521 @@
+"""The shared runner of the training experiments (python -m nanospa.experiments NAME).
+
+One experiment module (fig2.py, table1.py, fig3.py, table2.py, longer.py) declares
+
+    NAME, TITLE, PAPER         its name, a one-line title, what the paper reports (docs/method.md §12)
+    PRESETS                    {preset: {setting: value}} on top of the runner's presets
+    methods(settings)          {label: Method}: the model variants it compares
+    findings(result)           lines setting the measured numbers beside the paper's claim
+    PANELS (optional)          [(panel title, [labels])] for the plot
+
+and the runner does the rest: methods x learning-rate grid x seeds (a process pool of
+`workers` processes, each single-threaded), the best rate per method from the same grid
+(lowest mean final training loss over seeds; a diverged run counts as +inf), then
+
+    result.json   settings, command, date, machine, time; every run with its loss history
+    table.md      the command, date, machine and time; one row per method; the findings
+    plot.png      training-loss curves of each method at its best rate (mean over seeds),
+                  with the unigram entropy as a dashed line (needs matplotlib)
+
+The unigram entropy of the training split is the loss of the best predictor that ignores
+context (data.unigram_entropy). A run "stalls" when its final training loss stays within
+STALL_MARGIN of it; this is how the paper's "untrainable" (loss stuck near 7.5 nats on
+its tokeniser) is read at nanospa's byte-level scale.
+
+Every GPTConfig field is also a setting; set explicitly, it applies to every method (after
+the method's own fields), e.g. --kernel_budget=independent or --residual_beta=0.2.
+"""
+import datetime
+import json
+import math
+import multiprocessing
+import os
+import platform
+import shlex
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from .settings import help_text, parse_settings, wants_help
+
+STALL_MARGIN = 0.1   # nats/token; see the module docstring. Quick-preset Pre-LN ends ~0.8 below.
+PLOT_HINT = "pip install -e .[plot]  (or: pip install matplotlib)"
+
+DEFAULTS = dict(
+    preset="quick",
+    data="default",
+    out="",
+    seeds=1,
+    lrs=(1e-3, 3e-3),
+    steps=400,
+    batch_size=8,
+    block_size=64,
+    n_layer=24,
+    n_head=2,
+    n_embd=64,
+    dtype="float32",
+    device="cpu",
+    workers=2,
+    warmup=0,
+    min_lr_ratio=0.1,
+    weight_decay=0.0,
+    grad_clip=1.0,
+    eval_batches=8,
+    methods="",
+)
+NOTES = dict(
+    preset="tiny (CI, seconds) | quick (2-core CPU, <= ~15 min) | full (one GPU)",
+    data="dataset: default (embedded corpus) | PATH | shakespeare[:FILE] | wikitext2[:...]",
+    out="output folder (default out/NAME)",
+    seeds="seeds per (method, learning rate): 0 .. seeds-1",
+    lrs="learning-rate grid shared by every method, e.g. 1e-3,3e-3",
+    steps="optimiser steps per run",
+    batch_size="sequences per step",
+    block_size="tokens per sequence (T)",
+    n_layer="blocks (L)",
+    n_head="attention heads",
+    n_embd="width",
+    dtype="float32 | float64",
+    device="cpu | cuda",
+    workers="parallel training processes (each single-threaded); 0 = in this process",
+    warmup="linear warm-up steps; 0 = steps // 10",
+    min_lr_ratio="cosine decay ends at lr * min_lr_ratio",
+    weight_decay="AdamW decoupled weight decay",
+    grad_clip="global gradient-norm clip",
+    eval_batches="fixed batches for the final train / val losses",
+    methods="comma-separated subset of the methods to run (default: the preset's)",
+)
+PRESETS = dict(
+    tiny=dict(n_layer=4, n_embd=16, n_head=2, block_size=16, batch_size=2, steps=3, lrs=(1e-3,),
+              seeds=1, workers=0, eval_batches=1, device="cpu"),
+    quick=dict(n_layer=24, n_embd=64, n_head=2, block_size=64, batch_size=8, steps=400,
+               lrs=(1e-3, 3e-3), seeds=1, workers=2, eval_batches=8, device="cpu"),
+    full=dict(n_layer=36, n_embd=512, n_head=8, block_size=256, batch_size=32, steps=5000,
+              lrs=(3e-4, 1e-3, 3e-3), seeds=2, workers=0, eval_batches=20, device="cuda"),
+)
+
+# Building blocks of the compared models (docs/method.md §2.2, §12).
+VANILLA = dict(residual="none", norm="none", pos="none", activation="tat_lrelu")
+PRE_LN = dict(attention="softmax", residual="standard", norm="layernorm", pos="learned",
+              activation="gelu")
+NAMES = dict(softmax="standard attention", value_skipinit="Value-SkipInit", uspa="U-SPA",
+             espa="E-SPA")
+
+
+@dataclass
+class Method:
+    """One compared model: GPTConfig fields on top of the base (depth, width, T, dtype),
+    a description for the table, and a multiple of the run length."""
+    config: dict
+    description: str
+    steps_factor: int = 1
+    extra: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ settings
+
+def _config_fields():
+    from ..model import GPTConfig
+    base = GPTConfig()
+    return {f.name: getattr(base, f.name) for f in fields(GPTConfig)}
+
+
+BASE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "dtype")
+
+
+def settings_for(spec, argv):
+    """Parse argv for experiment `spec`: runner defaults < spec extras < preset < argv."""
+    cfg_fields = {k: v for k, v in _config_fields().items() if k not in DEFAULTS and k != "vocab_size"}
+    defaults = {**DEFAULTS, **getattr(spec, "EXTRA", {}), **cfg_fields}
+    presets = {name: {**p, **getattr(spec, "PRESETS", {}).get(name, {})} for name, p in PRESETS.items()}
+    keys = set().union(*presets.values())          # a preset sets every key any preset sets
+    presets = {name: {k: p.get(k, defaults[k]) for k in keys} for name, p in presets.items()}
+    defaults.update(presets[defaults["preset"]])
+    s = parse_settings(argv, defaults, presets)
+    s["config_overrides"] = {k: s[k] for k in cfg_fields if k in s["_explicit"]}
+    for key in ("seeds", "steps", "batch_size", "eval_batches"):
+        if s[key] < 1:
+            raise ValueError(f"{key} must be >= 1, got {s[key]}")
+    if s["workers"] < 0 or s["warmup"] < 0:
+        raise ValueError(f"workers and warmup must be >= 0, got {s['workers']}, {s['warmup']}")
+    if not s["lrs"] or any(not (math.isfinite(lr) and lr > 0) for lr in s["lrs"]):
+        raise ValueError(f"lrs must be positive numbers, got {s['lrs']}")
+    if s["device"] not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {s['device']!r}")
+    s["out"] = s["out"] or os.path.join("out", spec.NAME)
+    return s
+
+
+def selected_methods(spec, s):
+    methods = spec.methods(s)
+    if s["methods"]:
+        wanted = [m.strip() for m in s["methods"].split(",") if m.strip()]
+        unknown = [m for m in wanted if m not in methods]
+        if unknown:
+            raise ValueError(f"unknown method {unknown[0]!r} for {spec.NAME}; methods: {', '.join(methods)}")
+        methods = {k: methods[k] for k in wanted}
+    return methods
+
+
+def model_config(s, method, vocab_size):
+    """The GPTConfig of one method: base fields, the method's fields, explicit overrides."""
+    from ..model import GPTConfig
+    d = {k: s[k] for k in BASE_FIELDS}
+    d.update(method.config)
+    d.update(s["config_overrides"])
+    return GPTConfig(vocab_size=vocab_size, **d)
+
+
+# ------------------------------------------------------------------ runs
+
+_DATA = {}
+
+
+def _dataset(spec):
+    import data as nanospa_data
+    if spec not in _DATA:
+        _DATA[spec] = nanospa_data.load_dataset(spec)
+    return _DATA[spec]
+
+
+def train_job(job):
+    """Train one (method, lr, seed); runs in a worker process or in this one."""
+    from .. import backend
+    from ..model import GPTConfig
+    from .common import train_run
+    backend.use(job["device"])
+    ds = _dataset(job["data"])
+    cfg = GPTConfig(**job["config"])
+    r = train_run(cfg, ds.train, ds.val, steps=job["steps"], lr=job["lr"], seed=job["seed"],
+                  batch_size=job["batch_size"], warmup=job["warmup"] or None,
+                  min_lr_ratio=job["min_lr_ratio"], weight_decay=job["weight_decay"],
+                  grad_clip=job["grad_clip"], eval_batches=job["eval_batches"],
+                  log_every=job["log_every"])
+    r["label"] = job["label"]
+    return r
+
+
+def _pool(workers):
+    """Spawned, single-threaded workers: BLAS threads would fight over the few cores."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def run_jobs(jobs, workers, on_result):
+    """Run jobs (longest first) and call on_result(job, result) as each finishes."""
+    jobs = sorted(jobs, key=lambda j: -j["steps"])
+    if workers <= 0 or len(jobs) == 1:
+        for job in jobs:
+            on_result(job, train_job(job))
+        return
+    with _pool(min(workers, len(jobs))) as pool:
+        pending = {pool.submit(train_job, job): job for job in jobs}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    on_result(pending.pop(fut), fut.result())
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
+def best_rate(runs, lrs):
+    """{lr: mean final train loss over seeds (inf if any seed diverged)} and the best lr."""
+    by_lr = {}
+    for lr in lrs:
+        losses = [r["final_train"] for r in runs if r["lr"] == lr]
+        if losses:
+            by_lr[lr] = float(np.mean(losses)) if all(math.isfinite(x) for x in losses) else math.inf
+    finite = {lr: v for lr, v in by_lr.items() if math.isfinite(v)}
+    return by_lr, (min(finite, key=finite.get) if finite else None)
+
+
+def summarise_method(runs, lrs, unigram):
+    by_lr, lr = best_rate(runs, lrs)
+    out = dict(by_lr={repr(k): v for k, v in by_lr.items()}, best_lr=lr)
+    if lr is None:
+        return dict(out, final_train=math.nan, final_val=math.nan, final_train_std=math.nan,
+                    below_unigram=math.nan, stalled=None, curve=[])
+    best = [r for r in runs if r["lr"] == lr]
+    train = [r["final_train"] for r in best]
+    val = [r["final_val"] for r in best]
+    its = [it for it, _ in best[0]["history"]]
+    curve = [[it, float(np.mean([dict(r["history"]).get(it, math.nan) for r in best]))] for it in its]
+    mean = float(np.mean(train))
+    return dict(out, final_train=mean, final_train_std=float(np.std(train)),
+                final_val=float(np.mean(val)), below_unigram=unigram - mean,
+                stalled=bool(unigram - mean < STALL_MARGIN), curve=curve)
+
+
+# ------------------------------------------------------------------ provenance
+
+def machine(device="cpu"):
+    """A one-line description of this machine."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    text = f"{cpu}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, " \
+           f"Python {platform.python_version()}, NumPy {np.__version__}"
+    if device == "cuda":
+        try:
+            import cupy
+            props = cupy.cuda.runtime.getDeviceProperties(0)
+            text += f", GPU {props['name'].decode() if isinstance(props['name'], bytes) else props['name']}"
+        except Exception:
+            text += ", GPU (name unknown)"
+    return text
+
+
+def load_average():
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def command_line(name, argv):
+    return " ".join(["python -m nanospa.experiments", name] + [shlex.quote(a) for a in argv])
+
+
+def duration(seconds):
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m} min {s:02d} s" if m else f"{s} s"
+
+
+def provenance(name, argv, s, started, t0):
+    return dict(command=command_line(name, argv), date=started, machine=machine(s["device"]),
+                load_average_start=load_average(), seconds=round(time.time() - t0, 1))
+
+
+def header_lines(result):
+    p = result["provenance"]
+    lines = [f"# {result['name']}: {result['title']}", "",
+             f"- Command: `{p['command']}`",
+             f"- Date: {p['date']}",
+             f"- Machine: {p['machine']} (load average at start: {p.get('load_average_start')})",
+             f"- Time taken: {duration(p['seconds'])} (wall clock)"]
+    return lines
+
+
+# ------------------------------------------------------------------ outputs
+
+def write_json(path, obj):
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, allow_nan=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def fmt(x, f=".3f"):
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else \
+        ("diverged" if isinstance(x, float) and math.isinf(x) else format(x, f))
+
+
+def markdown(result):
+    s = result["settings"]
+    lines = header_lines(result)
+    lines += [f"- Data: {result['data']['name']} ({result['data']['train_tokens']:,} training tokens); "
+              f"unigram entropy {result['data']['unigram_entropy']:.3f} nats/token",
+              f"- Setting: depth {s['n_layer']}, width {s['n_embd']}, {s['n_head']} heads, T = {s['block_size']}, "
+              f"batch {s['batch_size']}, {s['steps']} steps, AdamW with warm-up and cosine decay, "
+              f"learning rates {', '.join(map(str, s['lrs']))} (best per method), "
+              f"seeds {s['seeds']}, {s['dtype']}, preset {s['preset']}", ""]
+    lrs = s["lrs"]
+    head = ["method", "model", "steps", "best lr", "final train loss", "final val loss",
+            "unigram - train"] + [f"train @ lr {lr:g}" for lr in lrs]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, m in result["methods"].items():
+        by_lr = m["summary"]["by_lr"]
+        sm = m["summary"]
+        std = f" ± {sm['final_train_std']:.3f}" if s["seeds"] > 1 and sm["best_lr"] else ""
+        row = [label, m["description"], str(m["steps"]), fmt(sm["best_lr"], "g"),
+               fmt(sm["final_train"]) + std, fmt(sm["final_val"]), fmt(sm["below_unigram"], "+.3f")]
+        row += [fmt(by_lr.get(repr(lr))) for lr in lrs]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Final losses are means over fixed batches after training (train and validation "
+              "split), averaged over seeds at the best learning rate. \"unigram - train\" > "
+              f"{STALL_MARGIN} means the model learnt more than byte frequencies.", "",
+              "## What the paper reports", "", result["paper"], "", "## What nanospa measured", ""]
+    lines += [f"- {line}" for line in result["findings"]]
+    return "\n".join(lines) + "\n"
+
+
+def smooth(y, window):
+    if window <= 1 or len(y) < window:
+        return np.asarray(y)
+    kernel = np.ones(window) / window
+    return np.convolve(y, kernel, mode="valid")
+
+
+def plot(result, path, panels=None):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"skipped {path}: matplotlib is not installed ({PLOT_HINT})")
+        return False
+    methods = result["methods"]
+    panels = panels or [("", list(methods))]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.2), squeeze=False,
+                             constrained_layout=True)
+    unigram = result["data"]["unigram_entropy"]
+    for ax, (title, labels) in zip(axes[0], panels):
+        lows = [unigram]
+        for label in labels:
+            if label not in methods:
+                continue
+            curve = methods[label]["summary"]["curve"]
+            if not curve:
+                continue
+            it, loss = np.array(curve).T
+            w = max(1, len(loss) // 25)
+            y = smooth(loss, w)
+            ax.plot(it[w - 1:] if w > 1 else it, y,
+                    label=f"{label} (lr {methods[label]['summary']['best_lr']:g})")
+            lows.append(np.nanmin(y))
+        ax.axhline(unigram, color="k", ls="--", lw=1, label="unigram entropy")
+        ax.set_ylim(min(lows) - 0.15, math.log(result["data"]["vocab_size"]) + 0.2)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("training loss (nats/token, moving average)")
+        ax.set_title(title or result["title"], fontsize=10)
+        ax.legend(fontsize=7)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+# ------------------------------------------------------------------ the command
+
+def run(spec, argv):
+    import data as nanospa_data
+    if wants_help(argv):
+        defaults = {**DEFAULTS, **getattr(spec, "EXTRA", {})}
+        print(help_text(f"python -m nanospa.experiments {spec.NAME} [--key=value ...]: {spec.TITLE}",
+                        defaults, {**NOTES, **getattr(spec, "EXTRA_NOTES", {})},
+                        {n: {**p, **getattr(spec, "PRESETS", {}).get(n, {})} for n, p in PRESETS.items()})
+              + "\nEvery GPTConfig field is a setting too; set explicitly, it applies to every method.")
+        return 0
+    t0 = time.time()
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    s = settings_for(spec, argv)
+    ds = _dataset(s["data"])                       # builds the token cache once, before any worker
+    nanospa_data.check_length(ds, s["block_size"])
+    unigram = float(nanospa_data.unigram_entropy(ds.train, ds.vocab_size))
+    methods = selected_methods(spec, s)
+    from ..signal.budget import make_plan
+    configs = {}
+    for label, m in methods.items():
+        cfg = model_config(s, m, ds.vocab_size)
+        make_plan(cfg)                             # surface plan errors before any training
+        configs[label] = cfg.to_dict()
+    out = Path(s["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    public = {k: (list(v) if isinstance(v, tuple) else v) for k, v in s.items() if not k.startswith("_")}
+    result = dict(name=spec.NAME, title=spec.TITLE, paper=spec.PAPER, complete=False, settings=public,
+                  data=dict(spec=s["data"], name=ds.name, description=ds.description,
+                            train_tokens=int(len(ds.train)), val_tokens=int(len(ds.val)),
+                            vocab_size=int(ds.vocab_size), unigram_entropy=unigram),
+                  methods={label: dict(description=m.description, config=configs[label],
+                                       steps=s["steps"] * m.steps_factor, runs=[], extra=m.extra)
+                           for label, m in methods.items()},
+                  findings=[])
+    jobs = []
+    for label, m in methods.items():
+        steps = s["steps"] * m.steps_factor
+        for lr in s["lrs"]:
+            for seed in range(s["seeds"]):
+                jobs.append(dict(label=label, config=configs[label], steps=steps, lr=lr, seed=seed,
+                                 batch_size=s["batch_size"], warmup=s["warmup"] * m.steps_factor,
+                                 min_lr_ratio=s["min_lr_ratio"], weight_decay=s["weight_decay"],
+                                 grad_clip=s["grad_clip"], eval_batches=s["eval_batches"],
+                                 log_every=max(1, steps // 1000), data=s["data"], device=s["device"]))
+    print(f"{spec.NAME}: {len(methods)} methods x {len(s['lrs'])} learning rates x {s['seeds']} seeds "
+          f"= {len(jobs)} runs on {s['data']} (unigram entropy {unigram:.3f}); writing {out}/")
+    done = [0]
+
+    def on_result(job, r):
+        done[0] += 1
+        result["methods"][job["label"]]["runs"].append(r)
+        print(f"[{done[0]}/{len(jobs)}] {job['label']:<16} lr={job['lr']:<8g} seed={job['seed']} "
+              f"train {fmt(r['final_train'])} val {fmt(r['final_val'])}"
+              f"{' DIVERGED' if r['diverged'] else ''} ({r['seconds']:.0f} s)", flush=True)
+        result["provenance"] = provenance(spec.NAME, argv, s, started, t0)
+        write_json(out / "result.json", result)    # partial results survive an interruption
+
+    if s["device"] != "cpu":
+        from .. import backend
+        backend.use(s["device"])                   # fail here, not in a worker
+    run_jobs(jobs, s["workers"], on_result)
+    for label, m in result["methods"].items():
+        m["runs"].sort(key=lambda r: (r["lr"], r["seed"]))
+        m["summary"] = summarise_method(m["runs"], s["lrs"], unigram)
+    result["findings"] = list(spec.findings(result))
+    result["complete"] = True
+    result["provenance"] = provenance(spec.NAME, argv, s, started, t0)
+    write_json(out / "result.json", result)
+    (out / "table.md").write_text(markdown(result), encoding="utf-8")
+    wrote = plot(result, out / "plot.png", getattr(spec, "PANELS", None))
+    print("\n".join(f"  {line}" for line in result["findings"]))
+    print(f"wrote {out / 'result.json'}, {out / 'table.md'}" + (f", {out / 'plot.png'}" if wrote else "")
+          + f" in {duration(time.time() - t0)}")
+    return 0
+
+
+def main(spec, argv=None):
+    """Entry point of one experiment module: bad settings -> one line on stderr, exit 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return run(spec, argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+# ------------------------------------------------------------------ helpers for findings
+
+def summary(result, label):
+    return result["methods"][label]["summary"] if label in result["methods"] else None
+
+
+def loss_line(result, label):
+    m = summary(result, label)
+    if m is None or m["best_lr"] is None:
+        return f"{label}: {'not run' if m is None else 'diverged at every learning rate'}"
+    gap = m["below_unigram"]
+    if gap >= STALL_MARGIN:
+        state = f"{gap:.3f} nats below the unigram entropy: it learnt more than byte frequencies"
+    elif gap > -STALL_MARGIN:
+        state = f"within {STALL_MARGIN} nats of the unigram entropy ({gap:+.3f} below): stalled"
+    else:
+        state = f"{-gap:.3f} nats above the unigram entropy: stalled above it"
+    return f"{label}: final train loss {m['final_train']:.3f}, {state}"
+
+
+def ranking(result, labels):
+    """Labels that ran, ordered by final training loss (best first)."""
+    got = [(summary(result, l)["final_train"], l) for l in labels
+           if summary(result, l) and summary(result, l)["best_lr"] is not None]
+    return [l for _, l in sorted(got)]
+
+
+def loss_at(result, label, fraction):
+    """Mean training loss of the best-lr curve around `fraction` of the run (a 10% window)."""
+    m = summary(result, label)
+    if not m or not m["curve"]:
+        return math.nan
+    it, loss = np.array(m["curve"]).T
+    n = max(it)
+    sel = (it >= (fraction - 0.05) * n) & (it <= (fraction + 0.05) * n)
+    return float(np.nanmean(loss[sel])) if sel.any() else math.nan

@@ -1,0 +1,142 @@
+"""python -m nanospa.experiments NAME: every command runs end to end with the tiny preset and
+writes result.json, table.md and plot.png (the PNG only when matplotlib is installed)."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanospa.experiments import runner
+from nanospa.experiments.__main__ import COMMANDS, main
+from nanospa.experiments.settings import SettingsError, parse_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINING = ("fig2", "table1", "fig3", "table2", "longer")
+EXPECTED_METHODS = {
+    "fig2": {"softmax", "value_skipinit", "uspa", "espa", "pre_ln"},
+    "table1": {a + n for a in ("dks_gelu", "tat_lrelu", "gelu", "sigmoid") for n in ("", "+LN")},
+    "fig3": {"softmax+NR", "value_skipinit+NR", "uspa+NR", "espa+NR", "pre_ln"},
+    "table2": {"pre_ln", "espa+NR+LN", "espa+NR", "softmax+NR+LN"},
+    "longer": {"pre_ln", "espa", "espa_long", "pre_ln_long"},
+}
+
+
+def has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def check_outputs(out, capsys):
+    assert (out / "result.json").is_file() and (out / "table.md").is_file()
+    printed = capsys.readouterr().out
+    if has_matplotlib():
+        assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert not (out / "plot.png").exists() and "pip install -e .[plot]" in printed
+    return json.loads((out / "result.json").read_text()), (out / "table.md").read_text()
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_training_command_tiny(name, tmp_path, capsys):
+    out = tmp_path / name
+    assert main([name, "--preset=tiny", f"--out={out}"]) == 0
+    result, table = check_outputs(out, capsys)
+    assert result["complete"] and set(result["methods"]) == EXPECTED_METHODS[name]
+    lrs = result["settings"]["lrs"]
+    for label, m in result["methods"].items():
+        assert len(m["runs"]) == len(lrs) * result["settings"]["seeds"]
+        assert m["summary"]["best_lr"] in lrs
+        assert math.isfinite(m["summary"]["final_train"])
+        assert f"| {label} |" in table
+    assert result["findings"] and result["provenance"]["command"].startswith(
+        f"python -m nanospa.experiments {name} --preset=tiny")
+    assert "## What the paper reports" in table and "Time taken" in table
+
+
+def test_longer_runs_factor_times_the_steps(tmp_path, capsys):
+    out = tmp_path / "longer"
+    assert main(["longer", "--preset=tiny", "--factor=3", "--steps=2", "--methods=espa,espa_long",
+                 f"--out={out}"]) == 0
+    result, _ = check_outputs(out, capsys)
+    steps = {k: m["runs"][0]["steps_done"] for k, m in result["methods"].items()}
+    assert steps == {"espa": 2, "espa_long": 6}
+
+
+def test_fig1_tiny(tmp_path, capsys):
+    out = tmp_path / "fig1"
+    assert main(["fig1", "--preset=tiny", f"--out={out}"]) == 0
+    result, table = check_outputs(out, capsys)
+    assert set(result["stats"]) == {"softmax", "uspa", "espa"}
+    for kind, series in result["stats"].items():
+        assert {"attention-only", "model, measured"} <= set(series)
+        assert all(len(v) == len(result["depths"]) for v in series.values())
+    # method §3.4: the attention-only standard-attention kernel collapses towards 1 1^T
+    soft = result["stats"]["softmax"]["attention-only"]
+    assert soft[-1]["C_mean"] > soft[0]["C_mean"]
+    assert "standard attention | attention-only" in table
+
+
+def test_best_rate_is_lowest_mean_and_ignores_diverged():
+    runs = [dict(lr=1e-3, final_train=3.0), dict(lr=1e-3, final_train=3.2),
+            dict(lr=3e-3, final_train=2.5), dict(lr=3e-3, final_train=math.nan)]
+    by_lr, best = runner.best_rate(runs, (1e-3, 3e-3))
+    assert by_lr[1e-3] == pytest.approx(3.1) and by_lr[3e-3] == math.inf and best == 1e-3
+    assert runner.best_rate([dict(lr=1e-3, final_train=math.nan)], (1e-3,))[1] is None
+
+
+def test_explicit_config_fields_apply_to_every_method(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["fig2", "--preset=tiny", "--kernel_budget=independent", "--n_layer=24",
+                 "--methods=espa,pre_ln", f"--out={out}"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert {m["config"]["kernel_budget"] for m in result["methods"].values()} == {"independent"}
+    assert result["methods"]["pre_ln"]["config"]["residual"] == "standard"   # method fields kept
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["fig2", "--preset=huge"], "huge"),
+    (["fig2", "--lrs=fast"], "lrs=fast"),
+    (["fig2", "--stepz=3"], "--steps"),
+    (["fig2", "--preset=tiny", "--methods=espa,flash"], "flash"),
+    (["fig2", "--preset=tiny", "--attention=flash"], "flash"),
+    (["fig1", "--depths=99"], "99"),
+    (["fig9"], "fig9"),
+])
+def test_bad_settings_exit_2(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and words in err and err.count("\n") == 1
+
+
+def test_settings_parser_types_and_presets():
+    defaults = dict(preset="a", lrs=(1e-3,), n=1, flag=False, name="x")
+    presets = dict(a=dict(n=2), b=dict(n=3, lrs=(5e-4,)))
+    s = parse_settings(["--n=7", "--preset=b", "--lrs=1e-3,3e-3", "--flag"], defaults, presets)
+    assert (s["n"], s["lrs"], s["flag"]) == (7, (1e-3, 3e-3), True)   # explicit beats preset
+    with pytest.raises(SettingsError, match="expected int"):
+        parse_settings(["--n=1.5"], defaults, presets)
+
+
+def test_pool_workers_and_module_entry_point(tmp_path):
+    """Two spawned single-threaded workers, through `python -m`."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = tmp_path / "pool"
+    r = subprocess.run([sys.executable, "-m", "nanospa.experiments", "fig2", "--preset=tiny",
+                        "--workers=2", "--lrs=1e-3,2e-3", "--methods=espa,softmax", f"--out={out}"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    result = json.loads((out / "result.json").read_text())
+    assert sorted(len(m["runs"]) for m in result["methods"].values()) == [2, 2]
+    assert "[4/4]" in r.stdout
+
+
+def test_dispatcher_lists_every_command(capsys):
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert all(name in text for name in COMMANDS)
