@@ -33,6 +33,7 @@ import os
 import platform
 import shlex
 import sys
+import textwrap
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, fields
@@ -389,7 +390,7 @@ def plot(result, path, panels=None):
         ax.set_ylim(min(lows) - 0.15, math.log(result["data"]["vocab_size"]) + 0.2)
         ax.set_xlabel("iteration")
         ax.set_ylabel("training loss (nats/token, moving average)")
-        ax.set_title(title or result["title"], fontsize=10)
+        ax.set_title(textwrap.fill(title or f"{result['name']}: {result['title']}", 60), fontsize=9)
         ax.legend(fontsize=7)
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -294,8 +294,10 @@ def plot_heatmaps(fig1, path, title=""):
         return False
     rows = [(kind, label) for kind, series in fig1["kinds"].items() for label in series]
     depths = fig1["depths"]
-    fig, axes = plt.subplots(len(rows), len(depths), figsize=(2.1 * len(depths) + 1.2, 2.0 * len(rows)),
-                             squeeze=False, constrained_layout=True)
+    width, height = 1.9 * len(depths) + 2.6, 1.9 * len(rows) + 0.9
+    fig, axes = plt.subplots(len(rows), len(depths), figsize=(width, height), squeeze=False)
+    fig.subplots_adjust(left=1.5 / width, right=1 - 1.0 / width, bottom=0.2 / height,
+                        top=1 - 0.75 / height, wspace=0.05, hspace=0.08)
     im = None
     for r, (kind, label) in enumerate(rows):
         for c, d in enumerate(depths):
@@ -307,7 +309,8 @@ def plot_heatmaps(fig1, path, title=""):
                 ax.set_title(f"depth {d}", fontsize=9)
             if c == 0:
                 ax.set_ylabel(f"{KIND_NAMES.get(kind, kind)}\n{label}", fontsize=8)
-    fig.colorbar(im, ax=axes, shrink=0.6, label="normalised kernel C_l")
+    cax = fig.add_axes([1 - 0.8 / width, 0.3, 0.15 / width, 0.4])
+    fig.colorbar(im, cax=cax, label="normalised kernel C_l")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=90)
