@@ -98,7 +98,7 @@ def run(argv):
         print(help_text(f"python -m nanospa.experiments fig1 [--key=value ...]: {TITLE}", DEFAULTS, NOTES, PRESETS)
               + "\nEvery GPTConfig field (activation, kernel_budget, ...) is a setting too.")
         return 0
-    t0 = time.time()
+    t0, load = time.time(), runner.load_average()
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     s, cfg = settings(argv)
     fig = figure1(cfg, s["depths"], empirical=True, width=s["width"], batch=s["batch"],
@@ -111,7 +111,7 @@ def run(argv):
                   kernels={k: {lab: [m.tolist() for m in mats] for lab, mats in v.items()}
                            for k, v in fig["kinds"].items()})
     result["findings"] = findings(result)
-    result["provenance"] = runner.provenance(NAME, argv, dict(device="cpu"), started, t0)
+    result["provenance"] = runner.provenance(NAME, argv, dict(device="cpu", _load_start=load), started, t0)
     runner.write_json(out / "result.json", result)
     (out / "table.md").write_text(markdown(result), encoding="utf-8")
     title = f"normalised kernels C_l at init (T={cfg.block_size}, L={cfg.n_layer}, {cfg.activation}, vanilla)"

@@ -95,8 +95,12 @@ PRESETS = dict(
               seeds=1, workers=0, eval_batches=1, device="cpu"),
     quick=dict(n_layer=24, n_embd=64, n_head=2, block_size=64, batch_size=8, steps=400,
                lrs=(1e-3, 3e-3), seeds=1, workers=2, eval_batches=8, device="cpu"),
-    full=dict(n_layer=36, n_embd=512, n_head=8, block_size=256, batch_size=32, steps=5000,
-              lrs=(3e-4, 1e-3, 3e-3), seeds=2, workers=0, eval_batches=20, device="cuda"),
+    # full: the paper's depth with a width and context one GPU trains at ~0.28 s/step (train.py's
+    # gpu preset, H200); there E-SPA diverged at lr >= 3e-4, hence the low end of the grid.
+    # Not run by nanospa yet: about 40 runs x 2000 steps x 0.28 s = 6 h for fig2. The 2 MB
+    # default corpus overfits at this size: pass --data=wikitext103 (the paper's data set).
+    full=dict(n_layer=36, n_embd=512, n_head=8, block_size=256, batch_size=32, steps=2000,
+              lrs=(3e-5, 1e-4, 3e-4, 1e-3), seeds=2, workers=0, eval_batches=20, device="cuda"),
 )
 
 # Building blocks of the compared models (docs/method.md §2.2, §12).
@@ -293,9 +297,27 @@ def duration(seconds):
     return f"{m} min {s:02d} s" if m else f"{s} s"
 
 
-def provenance(name, argv, s, started, t0):
+def git_commit():
+    """The checkout's commit (with '+dirty' when tracked files differ), or None."""
+    import subprocess
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+dirty" if dirty else "")) or None
+
+
+def provenance(name, argv, s, started, t0, _commit=[]):
+    if not _commit:
+        _commit.append(git_commit())               # once per process
     return dict(command=command_line(name, argv), date=started, machine=machine(s["device"]),
-                load_average_start=load_average(), seconds=round(time.time() - t0, 1))
+                load_average_start=s.get("_load_start"), load_average_end=load_average(),
+                seconds=round(time.time() - t0, 1),
+                commit=_commit[0])
 
 
 def header_lines(result):
@@ -303,17 +325,28 @@ def header_lines(result):
     lines = [f"# {result['name']}: {result['title']}", "",
              f"- Command: `{p['command']}`",
              f"- Date: {p['date']}",
-             f"- Machine: {p['machine']} (load average at start: {p.get('load_average_start')})",
-             f"- Time taken: {duration(p['seconds'])} (wall clock)"]
+             f"- Machine: {p['machine']} (shared; 1/5/15-minute load averages at start "
+             f"{p.get('load_average_start')}, at the end {p.get('load_average_end')})",
+             f"- Time taken: {duration(p['seconds'])} (wall clock)",
+             f"- Code: commit {p.get('commit') or 'unknown'}"]
     return lines
 
 
 # ------------------------------------------------------------------ outputs
 
+def _plain(x):
+    """JSON for NumPy scalars and arrays (plan.info may hold them); anything else as text."""
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
 def write_json(path, obj):
     tmp = Path(str(path) + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, allow_nan=True)
+        json.dump(obj, f, indent=1, allow_nan=True, default=_plain)
         f.write("\n")
     os.replace(tmp, path)
 
@@ -344,6 +377,19 @@ def markdown(result):
                fmt(sm["final_train"]) + std, fmt(sm["final_val"]), fmt(sm["below_unigram"], "+.3f")]
         row += [fmt(by_lr.get(repr(lr))) for lr in lrs]
         lines.append("| " + " | ".join(row) + " |")
+    plans = []
+    for label, m in result["methods"].items():
+        info = m.get("plan") or {}
+        c = m["config"]
+        relevant = dict(gamma_final=c["attention"] == "espa", rho_final=c["attention"] == "uspa",
+                        eta=c["activation"].startswith("tat_lrelu"))
+        keys = [k for k, used in relevant.items() if used and isinstance(info.get(k), (int, float))]
+        if keys:
+            plans.append(f"{label}: budget {info.get('policy')}"
+                         + "".join(f", {k} {info[k]:.4g}" for k in keys))
+    if plans:
+        lines += ["", "Kernel-budget plans at init (GPTConfig defaults unless the command sets them): "
+                  + "; ".join(plans) + "."]
     lines += ["", "Final losses are means over fixed batches after training (train and validation "
               "split), averaged over seeds at the best learning rate. \"unigram - train\" > "
               f"{STALL_MARGIN} means the model learnt more than byte frequencies.", "",
@@ -411,15 +457,16 @@ def run(spec, argv):
     t0 = time.time()
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     s = settings_for(spec, argv)
+    s["_load_start"] = load_average()
     ds = _dataset(s["data"])                       # builds the token cache once, before any worker
     nanospa_data.check_length(ds, s["block_size"])
     unigram = float(nanospa_data.unigram_entropy(ds.train, ds.vocab_size))
     methods = selected_methods(spec, s)
     from ..signal.budget import make_plan
-    configs = {}
+    configs, plans = {}, {}
     for label, m in methods.items():
         cfg = model_config(s, m, ds.vocab_size)
-        make_plan(cfg)                             # surface plan errors before any training
+        plans[label] = make_plan(cfg).info         # surfaces plan errors before any training
         configs[label] = cfg.to_dict()
     out = Path(s["out"])
     out.mkdir(parents=True, exist_ok=True)
@@ -428,7 +475,7 @@ def run(spec, argv):
                   data=dict(spec=s["data"], name=ds.name, description=ds.description,
                             train_tokens=int(len(ds.train)), val_tokens=int(len(ds.val)),
                             vocab_size=int(ds.vocab_size), unigram_entropy=unigram),
-                  methods={label: dict(description=m.description, config=configs[label],
+                  methods={label: dict(description=m.description, config=configs[label], plan=plans[label],
                                        steps=s["steps"] * m.steps_factor, runs=[], extra=m.extra)
                            for label, m in methods.items()},
                   findings=[])
