@@ -42,7 +42,7 @@ class Mul(Function):
 
     def backward(ctx, g):
         a, b = ctx.saved
-        return g * b, g * a
+        return g * b if ctx.needs_grad(0) else None, g * a if ctx.needs_grad(1) else None
 
 
 class Div(Function):
@@ -247,6 +247,19 @@ class Shaped(Function):
 
     def forward(ctx, x, base, a=1.0, b=0.0, s=1.0, o=0.0, slope=0.0):
         ctx.a, ctx.s = a, s
+        if base in ("relu", "leaky_relu") and b == 0.0 and a > 0.0:
+            # Fast path (TAT's leaky ReLU): phi is positively homogeneous, phi(a x) = a phi(x)
+            # for a > 0, so y = s (phi(a x) + o) = x * (s a if x > 0 else s a slope) + s o, and
+            # the backward is the same factor times g: one select and one product each way.
+            k = s * a
+            ctx.factors = (k, k * (slope if base == "leaky_relu" else 0.0))
+            pos = x > 0
+            ctx.save(pos)
+            y = backend.scale_where(x, pos, *ctx.factors)
+            if o != 0.0:
+                y += s * o
+            return y
+        ctx.factors = None
         u = x * a if a != 1.0 else x
         if b != 0.0:
             u = u + b
@@ -261,6 +274,8 @@ class Shaped(Function):
         return y * s if s != 1.0 else y
 
     def backward(ctx, g):
+        if ctx.factors is not None:
+            return backend.scale_where(g, ctx.saved[0], *ctx.factors)
         gs = g * (ctx.s * ctx.a) if ctx.s * ctx.a != 1.0 else g
         return ctx.inner.backward(gs)
 
@@ -335,20 +350,29 @@ class Max(Function):
 # ---------------------------------------------------------------- linear algebra and shapes
 
 
+def _rows(x):
+    """(..., n) -> (N, n): a batch of rows as one matrix (a view when x is contiguous)."""
+    return x.reshape(-1, x.shape[-1])
+
+
 class MatMul(Function):
-    """Batched, broadcasting a @ b. When one side is a 2-D weight and the other a batch,
-    its gradient is one flattened product (no (batch, n, m) temporary to sum)."""
+    """Batched, broadcasting a @ b. A batch times a 2-D weight, x (..., n) @ W (n, m), is
+    computed as one (N, n) @ (n, m) product forwards and backwards: one large BLAS call
+    instead of one per batch entry (each call of a threaded BLAS synchronises its threads),
+    and no (batch, n, m) temporary to sum for the weight's gradient."""
 
     def forward(ctx, a, b):
         ctx.save(a, b)
+        if b.ndim == 2 and a.ndim > 2:
+            return (_rows(a) @ b).reshape(a.shape[:-1] + b.shape[-1:])
         return a @ b
 
     def backward(ctx, g):
         a, b = ctx.saved
         xp = ctx.xp
         if b.ndim == 2 and a.ndim > 2:  # x (..., n) @ W (n, m)
-            ga = g @ b.T
-            gb = a.reshape(-1, a.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+            ga = (_rows(g) @ b.T).reshape(a.shape) if ctx.needs_grad(0) else None
+            gb = _rows(a).T @ _rows(g) if ctx.needs_grad(1) else None
             return ga, gb
         if a.ndim == 1 or b.ndim == 1:  # vectors: promote, differentiate, squeeze
             a2 = a[None, :] if a.ndim == 1 else a
@@ -360,7 +384,9 @@ class MatMul(Function):
             ga = ga[..., 0, :] if a.ndim == 1 else ga
             gb = gb[..., :, 0] if b.ndim == 1 else gb
             return ga, gb
-        return g @ xp.swapaxes(b, -1, -2), xp.swapaxes(a, -1, -2) @ g
+        ga = g @ xp.swapaxes(b, -1, -2) if ctx.needs_grad(0) else None
+        gb = xp.swapaxes(a, -1, -2) @ g if ctx.needs_grad(1) else None
+        return ga, gb
 
 
 class Reshape(Function):

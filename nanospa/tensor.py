@@ -6,6 +6,12 @@ None) and, when it was made by an op under autograd, the Function node that made
 ``forward`` and ``backward`` sit side by side and work on raw arrays of whichever module
 holds them (``ctx.xp``). First-order only.
 
+The graph is made of Function nodes, not of Tensors: a Function keeps, per input, the
+Function that made it, or the input itself when it is a leaf that requires grad (a
+parameter), or None (a constant). So an intermediate array stays alive only while user code
+holds its Tensor or some op saved it for its backward (the scores of an attention layer,
+for one, are freed as soon as the softmax has been computed from them).
+
 What happens in ``loss.backward()``:
   1. an iterative depth-first walk (an explicit stack, no recursion limit) puts every node
      that needs a gradient in topological order; parents are kept in tuples, so the order
@@ -13,13 +19,15 @@ What happens in ``loss.backward()``:
   2. nodes are visited from the output back; each op's backward returns one gradient per
      input, ``unbroadcast`` (the only place that undoes broadcasting) sums it back to the
      input's shape, and gradients of a tensor used more than once are added;
-  3. leaves (parameters) accumulate into ``.grad``; each visited node drops its Function,
-     so the graph and its saved arrays are freed as soon as they are used.
+  3. leaves (parameters) accumulate into ``.grad``; each visited Function drops its saved
+     arrays and parents (and its output Tensor, if still alive, forgets it), so the graph
+     is freed as soon as it is used.
 
 Operator sugar (``+ - * / ** @``, indexing, ``.sum()``, ``.relu()`` ...) is written out
 below in terms of the Functions, one line each: no registration by reflection.
 """
 import contextlib
+import weakref
 
 import numpy as np
 
@@ -87,9 +95,18 @@ class Function:
         needs = _grad_enabled and any(t.requires_grad for t in tensors)
         result = Tensor(out, requires_grad=needs)
         if needs:
-            ctx.parents = tensors
+            # per input: the Function that made it, the leaf itself, or None (a constant)
+            ctx.parents = tuple(t._ctx if t._ctx is not None else (t if t.requires_grad else None)
+                                for t in tensors)
+            ctx.shapes = tuple(a.shape for a in arrays)
+            ctx.output = weakref.ref(result)
             result._ctx = ctx
         return result
+
+    def needs_grad(ctx, i):
+        """Whether input ``i`` wants a gradient: a backward may skip the work (return None)
+        for constants such as SPA's fixed buffers. Only valid inside ``backward``."""
+        return ctx.parents[i] is not None
 
     def __repr__(self):
         return f"<{type(self).__name__}>"
@@ -163,29 +180,41 @@ class Tensor:
             if grad.shape != self.data.shape:
                 raise ValueError(f"backward: gradient shape {tuple(grad.shape)} does not match "
                                  f"output shape {self.shape}")
-        grads = {id(self): grad}
-        for node in reversed(_topological_order(self)):
+        root = self._ctx if self._ctx is not None else self
+        grads = {id(root): grad}
+        owned = set()  # keys whose gradient is a sum this loop allocated: safe to add into in place
+        for node in reversed(_topological_order(root)):
             g = grads.pop(id(node), None)
-            ctx = node._ctx
-            if ctx is None:  # a leaf: accumulate
+            owned.discard(id(node))
+            if isinstance(node, Tensor):  # a leaf: accumulate
                 if g is not None:
                     node.grad = g if node.grad is None else node.grad + g
                 continue
-            node._ctx = None  # free the graph as we go
-            if g is None:
+            parents = node.parents
+            if parents is None:  # already used by an earlier backward through a shared graph
                 continue
-            parent_grads = ctx.backward(g)
+            out = node.output()
+            if out is not None:
+                out._ctx = None
+            parent_grads = node.backward(g) if g is not None else ()
+            node.parents = node.saved = None  # free the graph as we go
             if not isinstance(parent_grads, tuple):
                 parent_grads = (parent_grads,)
-            for p, pg in zip(ctx.parents, parent_grads):
-                if pg is None or not p.requires_grad:
+            for p, shape, pg in zip(parents, node.shapes, parent_grads):
+                if pg is None or p is None:
                     continue
-                pg = unbroadcast(pg, p.data.shape)
-                if pg.shape != p.data.shape:
-                    raise RuntimeError(f"{type(ctx).__name__}.backward returned a gradient of shape "
-                                       f"{tuple(pg.shape)} for an input of shape {p.shape}")
+                pg = unbroadcast(pg, shape)
+                if pg.shape != shape:
+                    raise RuntimeError(f"{type(node).__name__}.backward returned a gradient of shape "
+                                       f"{tuple(pg.shape)} for an input of shape {tuple(shape)}")
                 key = id(p)
-                grads[key] = pg if key not in grads else grads[key] + pg
+                if key not in grads:
+                    grads[key] = pg  # may be a view or shared with another input: never written to
+                elif key in owned:
+                    grads[key] += pg
+                else:
+                    grads[key] = grads[key] + pg
+                    owned.add(key)
 
     # ---- operator sugar: each a one-line call of a Function ---------------------------
     def __add__(self, o): return F.Add.apply(self, o)
@@ -229,7 +258,8 @@ def _shape_arg(args):
 
 
 def _topological_order(root):
-    """Nodes that need gradients, parents before children. Iterative (explicit stack)."""
+    """Graph nodes (Functions, and leaf Tensors that require grad), parents before children.
+    Iterative (explicit stack)."""
     order, seen, stack = [], set(), [(root, False)]
     while stack:
         node, expanded = stack.pop()
@@ -240,10 +270,10 @@ def _topological_order(root):
             continue
         seen.add(id(node))
         stack.append((node, True))
-        if node._ctx is not None:
-            for p in reversed(node._ctx.parents):
-                if p.requires_grad and id(p) not in seen:
-                    stack.append((p, False))
+        parents = getattr(node, "parents", None) if not isinstance(node, Tensor) else None
+        for p in reversed(parents or ()):
+            if p is not None and id(p) not in seen:
+                stack.append((p, False))
     return order
 
 
