@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from nanospa.experiments import runner
@@ -80,6 +81,8 @@ def test_fig1_tiny(tmp_path, capsys):
     soft = result["stats"]["softmax"]["attention-only"]
     assert soft[-1]["C_mean"] > soft[0]["C_mean"]
     assert "standard attention | attention-only" in table
+    kernels = np.load(out / "kernels.npz")
+    assert kernels["espa/model, measured/depth1"].shape == (8, 8)      # tiny preset: T = 8
 
 
 def test_best_rate_is_lowest_mean_and_ignores_diverged():

@@ -12,13 +12,17 @@ activation; every other GPTConfig field at its default unless set):
     model, predicted   the whole model with its MLPs, wide limit (signal.predict_kernels)
     model, measured    a float64 GPT of width --width at init, on --batch token sequences
 
-No training, so no learning-rate grid; the device is the CPU.
+No training, so no learning-rate grid; the device is the CPU. Outputs: result.json (the
+statistics of every kernel shown and the mean off-diagonal at every depth), kernels.npz
+(the heatmaps' C_l matrices, float16, keys "kind/series/depthN"), table.md, plot.png.
 """
 import datetime
 import sys
 import time
 from dataclasses import fields
 from pathlib import Path
+
+import numpy as np
 
 from . import runner
 from .settings import help_text, parse_settings, wants_help
@@ -108,8 +112,11 @@ def run(argv):
     public = {k: (list(v) if isinstance(v, tuple) else v) for k, v in s.items() if not k.startswith("_")}
     result = dict(name=NAME, title=TITLE, paper=PAPER, settings=public, config=cfg.to_dict(),
                   depths=fig["depths"], stats=fig["stats"], per_layer=fig["per_layer"],
-                  kernels={k: {lab: [m.tolist() for m in mats] for lab, mats in v.items()}
-                           for k, v in fig["kinds"].items()})
+                  kernels_file="kernels.npz")
+    np.savez_compressed(out / "kernels.npz", **{f"{k}/{lab}/depth{d}": m.astype(np.float16)
+                                                for k, v in fig["kinds"].items()
+                                                for lab, mats in v.items()
+                                                for d, m in zip(fig["depths"], mats)})
     result["findings"] = findings(result)
     result["provenance"] = runner.provenance(NAME, argv, dict(device="cpu", _load_start=load), started, t0)
     runner.write_json(out / "result.json", result)
@@ -117,7 +124,8 @@ def run(argv):
     title = f"normalised kernels C_l at init (T={cfg.block_size}, L={cfg.n_layer}, {cfg.activation}, vanilla)"
     wrote = plot_heatmaps(fig, out / "plot.png", title)
     print("\n".join(f"  {line}" for line in result["findings"]))
-    print(f"wrote {out / 'result.json'}, {out / 'table.md'}" + (f", {out / 'plot.png'}" if wrote else "")
+    print(f"wrote {out / 'result.json'}, {out / 'kernels.npz'}, {out / 'table.md'}"
+          + (f", {out / 'plot.png'}" if wrote else "")
           + f" in {runner.duration(time.time() - t0)}")
     return 0
 

@@ -302,7 +302,8 @@ def plot_heatmaps(fig1, path, title=""):
     for r, (kind, label) in enumerate(rows):
         for c, d in enumerate(depths):
             ax = axes[r][c]
-            im = ax.imshow(fig1["kinds"][kind][label][c], vmin=0.0, vmax=1.0, cmap="viridis")
+            im = ax.imshow(fig1["kinds"][kind][label][c], vmin=0.0, vmax=1.0, cmap="viridis",
+                           interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
@@ -313,7 +314,7 @@ def plot_heatmaps(fig1, path, title=""):
     fig.colorbar(im, cax=cax, label="normalised kernel C_l")
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=72)
     plt.close(fig)
     return True
 
