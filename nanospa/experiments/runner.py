@@ -273,8 +273,8 @@ def machine(device="cpu"):
            f"Python {platform.python_version()}, NumPy {np.__version__}"
     if device == "cuda":
         try:
-            import cupy
-            props = cupy.cuda.runtime.getDeviceProperties(0)
+            from .. import backend  # the only module that imports CuPy
+            props = backend.use("cuda").cuda.runtime.getDeviceProperties(0)
             text += f", GPU {props['name'].decode() if isinstance(props['name'], bytes) else props['name']}"
         except Exception:
             text += ", GPU (name unknown)"
