@@ -141,6 +141,53 @@ def scale_where(x, cond, k_true, k_false):
     return out
 
 
+def scale_add(x, scale, bias=None):
+    """z = scale * x + bias, a new array of x's dtype; bias (optional) broadcasts to x."""
+    if is_device_array(x):
+        if bias is None:
+            return x * x.dtype.type(scale)
+        f = _kernel("scale_add", "T x, T s, T b", "T z", "z = s * x + b")
+        return f(x, x.dtype.type(scale), bias)
+    z = np.multiply(x, scale, dtype=x.dtype)  # a Python float scale keeps x's dtype
+    if bias is not None:
+        z += bias
+    return z
+
+
+def exp_sub(z, m):
+    """z <- exp(z - m) in place; m broadcasts to z (a softmax's row maxima)."""
+    if is_device_array(z):
+        _kernel("exp_sub", "T m", "T z", "z = exp(z - m)")(m, z)
+    else:
+        z -= m
+        np.exp(z, out=z)
+    return z
+
+
+def div_flush(z, s, threshold):
+    """z <- z / s in place, then entries below ``threshold`` set to 0; s broadcasts to z."""
+    if is_device_array(z):
+        f = _kernel("div_flush", "T s, T t", "T z", "z = z / s; z = z >= t ? z : (T)0")
+        f(s, z.dtype.type(threshold), z)
+    else:
+        z *= 1.0 / s
+        z *= z >= threshold
+    return z
+
+
+def softmax_grad(y, g, s, scale, out):
+    """out <- scale * y * (g - s): the softmax backward, with s = sum(g y) along the softmax
+    axis (broadcasting to y). ``out`` may be the array s was summed from."""
+    if is_device_array(y):
+        f = _kernel("softmax_grad", "T y, T g, T s, T k", "T o", "o = k * y * (g - s)")
+        return f(y, g, s, y.dtype.type(scale), out)
+    np.subtract(g, s, out=out)
+    out *= y
+    if scale != 1.0:
+        out *= scale
+    return out
+
+
 def erf(x):
     """The error function, elementwise (exact GELU only). NumPy has none, so the CPU path
     applies math.erf per element: correct to double precision, but slow on big arrays."""

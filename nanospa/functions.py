@@ -482,33 +482,37 @@ def causal_mask(xp, T, dtype):
 class Softmax(Function):
     """y = softmax(scale * x + bias) along ``axis``; with ``causal=True`` (last two axes
     (T, T)) entries above the diagonal get probability 0. The bias is optional and
-    broadcasts (SPA's (T, T) matrix B_l). Backward: gz = y (g - sum(g y)), gx = scale gz,
-    gbias = gz (summed by unbroadcast)."""
+    broadcasts (SPA's (T, T) matrix B_l, or B_l with the causal mask already added, as
+    model.py passes it). Backward: gz = y (g - sum(g y)), gx = scale gz, gbias = gz (summed
+    by unbroadcast). The elementwise steps are backend kernels: a few in-place NumPy passes
+    on the CPU, one fused pass each on the GPU."""
 
     def forward(ctx, x, *bias, axis=-1, scale=1.0, causal=False):
-        z = x * scale if scale != 1.0 else x.copy()  # z is ours: the steps below work in place
-        if bias:
-            z += bias[0]
+        xp = ctx.xp
+        bias = bias[0] if bias else None
         if causal:
-            z += causal_mask(ctx.xp, z.shape[-1], z.dtype)
-        z -= z.max(axis=axis, keepdims=True)
-        ctx.xp.exp(z, out=z)
-        z /= z.sum(axis=axis, keepdims=True)
-        # Probabilities below sqrt(tiny) (1e-19 in float32) are set to 0. They are below the
-        # rounding error of any row sum or product they enter, but left in place they make
-        # subnormal numbers, and a CPU matrix product on subnormals runs ~10x slower. E-SPA's
-        # bias B_l makes many such entries (exp of -100 and below).
-        z *= z >= ctx.xp.finfo(z.dtype).tiny ** 0.5
+            mask = causal_mask(xp, x.shape[-1], x.dtype)
+            bias = mask if bias is None else bias + mask
+        z = backend.scale_add(x, scale, bias)                   # z = scale x + bias, a new array
+        backend.exp_sub(z, z.max(axis=axis, keepdims=True))     # z <- exp(z - max z), in place
+        # z <- z / sum(z), in place; probabilities below sqrt(tiny) (1e-19 in float32) are set
+        # to 0. They are below the rounding error of any row sum or product they enter, but
+        # left in place they make subnormal numbers, and a CPU matrix product on subnormals
+        # runs ~10x slower. E-SPA's bias B_l makes many such entries (exp of -100 and below).
+        backend.div_flush(z, z.sum(axis=axis, keepdims=True), xp.finfo(z.dtype).tiny ** 0.5)
         ctx.save(z)
-        ctx.axis, ctx.scale, ctx.has_bias = axis, scale, bool(bias)
+        ctx.axis, ctx.scale = axis, scale
         return z
 
     def backward(ctx, g):
         (y,) = ctx.saved
         gz = g * y
-        gz -= y * gz.sum(axis=ctx.axis, keepdims=True)
-        gx = gz * ctx.scale if ctx.scale != 1.0 else gz
-        return (gx, gz) if ctx.has_bias else gx
+        s = gz.sum(axis=ctx.axis, keepdims=True)
+        bias_grad = len(ctx.shapes) > 1 and ctx.needs_grad(1)
+        if bias_grad:
+            gz -= y * s                                          # gz = y (g - s) = gbias
+            return (gz * ctx.scale if ctx.scale != 1.0 else gz), gz
+        return backend.softmax_grad(y, g, s, ctx.scale, out=gz)  # gx = scale y (g - s)
 
 
 class LogSoftmax(Function):

@@ -160,10 +160,8 @@ class Attention(Module):
         q = self.q(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # (B, T, C) -> (B, H, T, D)
         k = self.k(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)
         v = self.v(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)
-        bias = None
-        if self.kind in ("uspa", "espa"):
-            bias = self.B[:T, :T] if isinstance(self.B, Tensor) else Tensor(self.B[:T, :T])
-        P = F.softmax(q @ k.transpose(0, 1, 3, 2), bias, scale=1.0 / np.sqrt(D), causal=True)  # (B, H, T, T)
+        bias, causal = self.logit_bias(T)
+        P = F.softmax(q @ k.transpose(0, 1, 3, 2), bias, scale=1.0 / np.sqrt(D), causal=causal)  # (B, H, T, T)
         y = P @ v                                                   # (B, H, T, D)
         if self.kind in ("uspa", "espa"):
             y = y * Tensor(self.D[:T, None])                         # row i scaled by D_l[i]
@@ -173,6 +171,21 @@ class Attention(Module):
             record["attention"] = self.effective_attention(P.data, T)
         y = y.transpose(0, 2, 1, 3).reshape(B, T, C)                # (B, H, T, D) -> (B, T, C)
         return self.proj(y)
+
+    def logit_bias(self, T):
+        """What softmax adds to the scaled logits, and whether it must still add the causal
+        mask: for a fixed SPA bias, B_l[:T, :T] + mask (-inf above the diagonal), computed
+        once per length and cached (it holds B_l, so a new B_l from load_state_dict is seen);
+        for a trainable B_l, B_l itself; for the other kinds nothing."""
+        if self.kind not in ("uspa", "espa"):
+            return None, True
+        if isinstance(self.B, Tensor):
+            return self.B[:T, :T], True
+        cache = self.__dict__.get("_logit_bias")
+        if cache is None or cache[0] is not self.B or cache[1].shape[-1] != T:
+            mask = F.causal_mask(backend.xp_of(self.B), T, self.B.dtype)
+            cache = self._logit_bias = (self.B, Tensor(self.B[:T, :T] + mask))
+        return cache[1], False
 
     def effective_attention(self, P, T):
         """The matrix that multiplies the values: D P (SPA), alpha I + beta P, or P."""
