@@ -50,7 +50,7 @@ class GPTConfig:
     n_layer: int = 12
     n_head: int = 4
     n_embd: int = 128
-    mlp_ratio: int = 4
+    mlp_ratio: int = 4             # MLP hidden width = mlp_ratio * n_embd
     attention: str = "espa"        # softmax | value_skipinit | uspa | espa
     activation: str = "tat_lrelu"  # plain: relu, gelu, ...; shaped: dks_gelu, tat_lrelu, tat_gelu, ...
     residual: str = "none"         # none | standard | normalised
@@ -59,7 +59,7 @@ class GPTConfig:
     norm_position: str = "pre"     # pre | post
     final_norm: str = "auto"       # auto (a final norm when norm != none and residual != none) | yes | no
     pos: str = "none"              # none | learned | sinusoidal
-    dtype: str = "float32"
+    dtype: str = "float32"         # float32 | float64 (parameters and activations)
     kernel_budget: str = "joint"   # how attention and MLP share the kernel budget (init.py, method §10)
     gamma_final: float = 0.0       # E-SPA final gamma_L; 0 = chosen by kernel_budget
     rho_final: float = 0.8         # U-SPA final rho_L

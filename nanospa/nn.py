@@ -111,7 +111,9 @@ def orthogonal(rng, n_in, n_out, scale=1.0):
     a = rng.standard_normal((max(n_in, n_out), min(n_in, n_out)))
     q, r = np.linalg.qr(a)
     q = q * np.sign(np.diag(r))
-    return scale * (q if n_in >= n_out else q.T)
+    # C order: a Fortran-ordered weight would take a different BLAS path than the same weight
+    # reloaded from a checkpoint, and a resumed run would drift in the last bits.
+    return np.ascontiguousarray(scale * (q if n_in >= n_out else q.T))
 
 
 class Linear(Module):
