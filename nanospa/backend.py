@@ -111,6 +111,13 @@ def memory_pool_bytes():
     return int(_cp.get_default_memory_pool().total_bytes())
 
 
+def free_memory_pool():
+    """Return the unused blocks of CuPy's default memory pool to the device (a no-op without
+    CuPy), so that memory_pool_bytes() counts only live arrays until the pool grows again."""
+    if _cp is not None:
+        _cp.get_default_memory_pool().free_all_blocks()
+
+
 # ---------------------------------------------------------------- fused elementwise kernels
 # Each helper below is one pass over memory on the GPU (a CuPy ElementwiseKernel, compiled
 # on first use) and a short sequence of NumPy calls on the CPU, which is the path the
