@@ -38,8 +38,13 @@ def findings(result):
     pre, esp, sm = (runner.summary(result, k) for k in ("pre_ln", "espa", "softmax"))
     if pre and esp and pre["best_lr"] and esp["best_lr"]:
         gap = esp["final_train"] - pre["final_train"]
-        lines.append(f"Pre-LN minus E-SPA final train loss: {-gap:+.3f} "
-                     + ("(Pre-LN still faster, as in the paper)" if gap > 0 else "(E-SPA caught up with Pre-LN)"))
+        lines.append(f"E-SPA minus Pre-LN final train loss: {gap:+.3f} -> "
+                     + ("Pre-LN ahead, as in the paper" if gap > 0 else
+                        "E-SPA ahead of Pre-LN after the same steps (the paper has Pre-LN ahead)"))
+        for frac in (0.25, 0.5):
+            p, e = runner.loss_at(result, "pre_ln", frac), runner.loss_at(result, "espa", frac)
+            lines.append(f"training loss around {frac:.0%} of the run (10% window): Pre-LN {p:.3f}, "
+                         f"E-SPA {e:.3f} -> " + ("Pre-LN ahead" if p < e else "E-SPA ahead"))
     if sm and esp and sm["best_lr"] and esp["best_lr"]:
         ok = sm["stalled"] and not esp["stalled"]
         lines.append("central contrast (standard attention stalls near unigram, E-SPA clearly below): "

@@ -390,6 +390,12 @@ def markdown(result):
     if plans:
         lines += ["", "Kernel-budget plans at init (GPTConfig defaults unless the command sets them): "
                   + "; ".join(plans) + "."]
+    if len(lrs) > 1:
+        edge = [f"{label} ({m['summary']['best_lr']:g})" for label, m in result["methods"].items()
+                if m["summary"]["best_lr"] in (min(lrs), max(lrs))]
+        if edge:
+            lines += ["", "Best learning rate at an edge of the grid (a wider grid could lower these "
+                      "losses): " + ", ".join(edge) + "."]
     lines += ["", "Final losses are means over fixed batches after training (train and validation "
               "split), averaged over seeds at the best learning rate. \"unigram - train\" > "
               f"{STALL_MARGIN} means the model learnt more than byte frequencies.", "",
@@ -519,6 +525,18 @@ def run(spec, argv):
     print(f"wrote {out / 'result.json'}, {out / 'table.md'}" + (f", {out / 'plot.png'}" if wrote else "")
           + f" in {duration(time.time() - t0)}")
     return 0
+
+
+def rerender(spec, out):
+    """Rewrite table.md and plot.png (and the findings in result.json) of a finished run from
+    its result.json, e.g. after a change to the findings' wording. No training."""
+    out = Path(out)
+    result = json.loads((out / "result.json").read_text(encoding="utf-8"))
+    result["findings"] = list(spec.findings(result))
+    write_json(out / "result.json", result)
+    (out / "table.md").write_text(markdown(result), encoding="utf-8")
+    plot(result, out / "plot.png", getattr(spec, "PANELS", None))
+    return result
 
 
 def main(spec, argv=None):
