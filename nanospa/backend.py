@@ -195,6 +195,36 @@ def softmax_grad(y, g, s, scale, out):
     return out
 
 
+def adamw_update(p, g, m, v, b1, b2, step_size, eps, inv_c2, decay):
+    """One AdamW update of one parameter, all arrays in place (optim.AdamW):
+        m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2
+        p <- decay p - step_size m / (sqrt(v inv_c2) + eps)
+    with step_size = lr / (1 - b1^t), inv_c2 = 1 / (1 - b2^t), decay = 1 - lr wd (or 1)."""
+    if is_device_array(p):
+        f = _kernel("adamw", "T g, T b1, T b2, T lr, T eps, T ic2, T d", "T p, T m, T v",
+                    "m = b1 * m + (1 - b1) * g; v = b2 * v + (1 - b2) * g * g; "
+                    "p = d * p - lr * m / (sqrt(v * ic2) + eps)")
+        t = p.dtype.type
+        f(g, t(b1), t(b2), t(step_size), t(eps), t(inv_c2), t(decay), p, m, v)
+        return p
+    tmp = np.multiply(g, 1.0 - b1, dtype=p.dtype)  # one scratch array, reused below
+    m *= b1
+    m += tmp
+    np.multiply(g, g, out=tmp)
+    tmp *= 1.0 - b2
+    v *= b2
+    v += tmp
+    np.sqrt(v, out=tmp)
+    tmp *= inv_c2 ** 0.5                            # sqrt(v inv_c2)
+    tmp += eps
+    np.divide(m, tmp, out=tmp)
+    tmp *= step_size
+    if decay != 1.0:
+        p *= decay
+    p -= tmp
+    return p
+
+
 def erf(x):
     """The error function, elementwise (exact GELU only). NumPy has none, so the CPU path
     applies math.erf per element: correct to double precision, but slow on big arrays."""

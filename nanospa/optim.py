@@ -104,16 +104,9 @@ class AdamW(Optimizer):
             if self.m[i] is None:
                 self.m[i] = xp.zeros_like(p.data)
                 self.v[i] = xp.zeros_like(p.data)
-            m, v = self.m[i], self.v[i]
-            m *= self.b1
-            m += (1.0 - self.b1) * g
-            v *= self.b2
-            v += (1.0 - self.b2) * (g * g)
-            if self.weight_decay and not getattr(p, "no_decay", False):
-                p.data *= 1.0 - self.lr * self.weight_decay
-            denom = xp.sqrt(v * (1.0 / c2))
-            denom += self.eps
-            p.data -= step_size * (m / denom)
+            decay = 1.0 - self.lr * self.weight_decay if not getattr(p, "no_decay", False) else 1.0
+            backend.adamw_update(p.data, g, self.m[i], self.v[i], self.b1, self.b2, step_size,
+                                 self.eps, 1.0 / c2, decay)
 
 
 def global_grad_norm(params):
