@@ -31,6 +31,7 @@ import math
 import multiprocessing
 import os
 import platform
+import re
 import shlex
 import sys
 import textwrap
@@ -201,6 +202,7 @@ def train_job(job):
                   grad_clip=job["grad_clip"], eval_batches=job["eval_batches"],
                   log_every=job["log_every"])
     r["label"] = job["label"]
+    r["history"] = [(it, round(loss, 5)) for it, loss in r["history"]]   # float32 losses: 5 decimals suffice
     return r
 
 
@@ -251,7 +253,7 @@ def summarise_method(runs, lrs, unigram):
     train = [r["final_train"] for r in best]
     val = [r["final_val"] for r in best]
     its = [it for it, _ in best[0]["history"]]
-    curve = [[it, float(np.mean([dict(r["history"]).get(it, math.nan) for r in best]))] for it in its]
+    curve = [[it, round(float(np.mean([dict(r["history"]).get(it, math.nan) for r in best])), 5)] for it in its]
     mean = float(np.mean(train))
     return dict(out, final_train=mean, final_train_std=float(np.std(train)),
                 final_val=float(np.mean(val)), below_unigram=unigram - mean,
@@ -344,10 +346,25 @@ def _plain(x):
 
 
 def write_json(path, obj):
+    """Indented JSON with innermost lists of numbers on one line (loss histories stay short),
+    written to a temporary name and renamed."""
+    compact = []
+
+    def fold(x):                                   # lists of numbers / number pairs: one line
+        if isinstance(x, dict):
+            return {k: fold(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            if x and all(isinstance(v, (list, tuple)) and all(isinstance(u, (int, float)) for u in v)
+                         for v in x) or all(isinstance(v, (int, float)) for v in x):
+                compact.append(json.dumps(x, allow_nan=True, default=_plain, separators=(",", ":")))
+                return f"@@{len(compact) - 1}@@"
+            return [fold(v) for v in x]
+        return x
+
+    text = json.dumps(fold(obj), indent=1, allow_nan=True, default=_plain)
+    text = re.sub(r'"@@(\d+)@@"', lambda m: compact[int(m.group(1))], text)
     tmp = Path(str(path) + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, allow_nan=True, default=_plain)
-        f.write("\n")
+    tmp.write_text(text + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
