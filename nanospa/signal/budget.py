@@ -305,6 +305,9 @@ def make_plan(cfg):
     if policy not in BUDGETS:
         raise ValueError(f"kernel_budget={policy!r} is not one of {list(BUDGETS)}")
     spa = cfg.attention in ("espa", "uspa")
+    if policy == "mlp_aware" and spa and cfg.residual != "none":
+        raise ValueError(f"kernel_budget='mlp_aware' needs residual='none' (the pre-image is "
+                         f"that of the skipless block), got residual={cfg.residual!r}")
     joint = policy in ("joint", "joint_qpreserve")
     info = dict(policy=policy, depth=shaping_depth(cfg))
     if joint:
