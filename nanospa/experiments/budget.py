@@ -38,7 +38,7 @@ PAPER = ("The paper trains deep vanilla transformers (no skips, no normalisation
 EXTRA = dict(out="results/budget", measure_width=1024, measure_batch=4)
 EXTRA_NOTES = dict(measure_width="width of the model measured at init (0 = skip the init check)",
                    measure_batch="rows of real text in the init check")
-PRESETS = dict(tiny=dict(measure_width=32, measure_batch=1),
+PRESETS = dict(tiny=dict(measure_width=32, measure_batch=1, n_layer=16),   # eta = 0.9 needs L >= 13
                quick=dict(lrs=(3e-4, 1e-3, 3e-3), seeds=2, eval_batches=16),
                full=dict(measure_width=1024))
 

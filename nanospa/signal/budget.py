@@ -12,9 +12,12 @@ Policies (``cfg.kernel_budget``), for E-SPA (U-SPA: rho in place of gamma):
     independent      gamma_L = 0.005, TAT leaky-ReLU eta = 0.9 over the chain of L MLPs,
                      A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1: each part built as if the
                      other were absent (the known third-party reimplementations)
-    joint            eta = 1 - (1 - rho*)^w and gamma_L solved so that the predicted
-                     combined kernel at the last layer has mean adjacent correlation
-                     rho* (cfg.final_corr, default JOINT_FINAL_CORR), for the actual T, L
+    joint            gamma_L and the MLP stack's eta solved together for the actual T, L so
+                     that, for the whole network at init (pair_walk, network_stats):
+                     (i) C_f(0) = eta_net = 0.9, TAT's condition with attention included
+                     (two inputs with no token in common end with correlation eta_net), and
+                     (ii) the input-dependent part of the last kernel, K_L - X_L, has mean
+                     adjacent correlation rho* (cfg.final_corr, default JOINT_FINAL_CORR)
     qpreserve        independent targets; D_l[i] = 1 / sqrt((P_l S_{l-1} P_l^T)_ii) with
                      P_l = softmax(B_l) and S_{l-1} the predicted kernel entering the
                      attention, so every position leaves every attention sublayer with q = 1
@@ -28,7 +31,8 @@ Policies (``cfg.kernel_budget``), for E-SPA (U-SPA: rho in place of gamma):
 Notation: T = block_size, L = n_layer, gamma_l / rho_l the SPA schedule (kernels.py),
 a_l = sqrt(1 - exp(-2 gamma_l)), eta / zeta / tau the activation targets
 (docs/activations.md), F the MLP's kernel map and C its C-map (predict.MLPMap), K_l the
-predicted combined kernel after block l, rho* the joint target, w = JOINT_SPLIT.
+predicted combined kernel after block l, X_l the kernel between two sequences with no token
+in common (the part of K_l common to all inputs), rho* and eta_net the joint targets.
 """
 import math
 from dataclasses import dataclass, field
@@ -45,10 +49,12 @@ DEFAULT_BUDGET = "joint"
 
 INDEPENDENT_GAMMA_FINAL = 0.005   # the reimplementations' E-SPA gamma_L
 INDEPENDENT_ETA = 0.9             # TAT's default C_f(0) target
-JOINT_FINAL_CORR = 0.7            # rho*: mean adjacent correlation of K_L (docs/kernel_budget.md)
-JOINT_SPLIT = 0.5                 # w: the MLPs' share of log(1 - rho*)
-JOINT_SOLVE_T = 256               # longer T: the adjacent correlations beyond it are stationary
+JOINT_NET_ETA = 0.9               # eta_net: TAT's C_f(0) target, for the whole network
+JOINT_FINAL_CORR = 0.4            # rho*: adjacent correlation of the input-dependent part of K_L
+JOINT_SOLVE_T = 64                # the solve runs at min(T, this); beyond it the per-position
+                                  # statistics are stationary and extrapolated
 GAMMA_BOUNDS = (1e-4, 10.0)       # search range of the joint solve for gamma_L
+RHO_LOGIT_BOUNDS = (-8.0, 8.0)    # and for logit(rho_L) (U-SPA)
 MLP_AWARE_NEG_TOL = 1e-10         # A entries above -tol * max A count as rounding zeros
 PARAM_KEYS = ("input_scale", "input_shift", "output_scale", "output_shift", "negative_slope")
 
@@ -106,19 +112,6 @@ def max_eta(cfg):
     """The largest reachable C_f(0) of the TAT leaky-ReLU stack (plain ReLU layers)."""
     rb = cfg.residual_beta if cfg.residual == "normalised" else None
     return chain_c0(1.0 / math.pi, shaping_depth(cfg), rb)
-
-
-def joint_eta(cfg, rho_star):
-    """The joint policy's eta: (1 - eta) = (1 - rho*)^w, i.e. the MLP stack gets the share w
-    of the log-decorrelation budget log(1 - rho*). Clamped just below the reachable maximum
-    (short stacks cannot reach large eta); cfg.eta overrides."""
-    if cfg.eta:
-        return cfg.eta, False
-    eta = 1.0 - (1.0 - rho_star) ** JOINT_SPLIT
-    top = max_eta(cfg)
-    if eta >= top:
-        return top * (1.0 - 1e-9), True
-    return eta, False
 
 
 # ------------------------------------------------------------------ SPA schedules
@@ -245,56 +238,140 @@ def _mlp_aware_step(cfg, maps, S, Sigma_l, A_spa):
 
 # ------------------------------------------------------------------ the joint solve
 
+def pair_walk(cfg, activation, values, d_rule="spa", T=None):
+    """The walk of two sequences a, b of T distinct tokens with no token in common (input
+    kernel I_2T): returns (K, X), K = K_aa the kernel of one sequence after the last block
+    and X = K_ab the kernel between the sequences, both (T, T). X is the part of K common to
+    all inputs (for a TAT leaky ReLU mostly its mean, which attention rescales by D_l), so
+    K - X is the input-dependent part. Attention acts on each sequence (block-diagonal),
+    the MLP and norms entrywise on the 2T x 2T kernel."""
+    T = min(cfg.block_size, JOINT_SOLVE_T) if T is None else T
+    maps = BlockMaps(cfg, activation)
+    S = np.eye(2 * T)
+    a, b = slice(0, T), slice(T, 2 * T)
+    for l in range(1, cfg.n_layer + 1):
+        A = spa_matrix(cfg, T, values[l], values[l - 1])
+        S_in = maps.branch_input(S)
+        if d_rule == "qpreserve":
+            A = A / A.sum(axis=1, keepdims=True)
+            A = A / np.sqrt(np.diagonal(attention_map(S_in[a, a], A)))[:, None]
+        H = np.empty_like(S)
+        H[a, a] = H[b, b] = attention_map(S_in[a, a], A)
+        H[a, b] = H[b, a] = attention_map(S_in[a, b], A)
+        S = maps.combine(S, H)
+        S = maps.combine(S, maps.mlp_map(maps.branch_input(S)))
+    return S[a, a], S[a, b]
+
+
+def _position_mean(v, T_full):
+    """Mean of a per-position statistic over T_full positions, the positions beyond the
+    computed ones taking the last computed value (stationarity)."""
+    if T_full <= v.size:
+        return float(v.mean())
+    return float((v.sum() + (T_full - v.size) * v[-1]) / T_full)
+
+
+def network_stats(K, X, T_full=None):
+    """(c_f0, rho): c_f0 = mean_i X_ii / K_ii, the whole network's C_f(0) (the correlation
+    of the outputs of two inputs with no token in common, at the same position), and rho =
+    the mean adjacent correlation of the normalised input-dependent kernel K - X."""
+    T_full = K.shape[0] if T_full is None else T_full
+    c_f0 = _position_mean(np.diagonal(X) / np.diagonal(K), T_full)
+    c = np.diagonal(normalised_kernel(K - X), 1)
+    rho = _position_mean(c, T_full - 1) if c.size else float("nan")
+    return c_f0, rho
+
+
 def adjacent_mean(K, T_full=None):
-    """Mean of C[i, i+1] over the T - 1 adjacent pairs of the normalised kernel of K. With
-    T_full > T, the pairs beyond the computed prefix take the last computed value (the
-    causal maps are prefix consistent and the adjacent correlations stationary there)."""
+    """Mean of C[i, i+1] over the adjacent pairs of the normalised kernel of K (extrapolated
+    to T_full positions as in _position_mean)."""
     c = np.diagonal(normalised_kernel(K), 1)
-    if T_full is None or T_full <= K.shape[0]:
-        return float(c.mean())
-    return float((c.sum() + (T_full - K.shape[0]) * c[-1]) / (T_full - 1))
+    return _position_mean(c, (T_full or K.shape[0]) - 1)
 
 
-def solve_final(cfg, activation, rho_star, d_rule="spa"):
-    """gamma_L (E-SPA) or rho_L (U-SPA) such that the predicted combined kernel after the
-    last block has mean adjacent correlation rho*, by regula falsi (Illinois) in log gamma
-    or in logit rho. Returns (value, achieved, reached)."""
-    T = min(cfg.block_size, JOINT_SOLVE_T)
-
-    def f(x):
-        v = math.exp(x) if cfg.attention == "espa" else 1.0 / (1.0 + math.exp(-x))
-        _, K, _ = walk(cfg, activation, schedule(cfg, v), d_rule, T=T, keep_layers=False)
-        return v, adjacent_mean(K, cfg.block_size) - rho_star
-
-    if cfg.attention == "espa":                   # correlation falls as gamma grows
-        lo, hi = math.log(GAMMA_BOUNDS[0]), math.log(GAMMA_BOUNDS[1])
-    else:                                         # and rises with rho
-        lo, hi = -8.0, 8.0
-    (v_lo, f_lo), (v_hi, f_hi) = f(lo), f(hi)
-    sign = 1.0 if cfg.attention == "espa" else -1.0   # make g decreasing in x
-    g_lo, g_hi = sign * f_lo, sign * f_hi
-    if g_lo <= 0:
-        return v_lo, f_lo + rho_star, False
-    if g_hi >= 0:
-        return v_hi, f_hi + rho_star, False
-    side = 0
-    for _ in range(60):
-        x = hi - g_hi * (hi - lo) / (g_hi - g_lo)
-        v, fx = f(x)
-        gx = sign * fx
-        if abs(fx) < 1e-6:
-            return v, fx + rho_star, True
-        if gx > 0:
-            lo, g_lo = x, gx
+def _falling_root(f, lo, hi, tol):
+    """x in [lo, hi] with f(x) = 0 for f decreasing, by regula falsi (Illinois). Returns
+    (x, f(x), reached); a target outside the bracket returns the nearer end."""
+    f_lo, f_hi = f(lo), f(hi)
+    if f_lo <= 0:
+        return lo, f_lo, abs(f_lo) < tol
+    if f_hi >= 0:
+        return hi, f_hi, abs(f_hi) < tol
+    side, x, fx = 0, lo, f_lo
+    for _ in range(100):
+        x = hi - f_hi * (hi - lo) / (f_hi - f_lo)
+        fx = f(x)
+        if abs(fx) < tol or hi - lo < 1e-12:
+            break
+        if fx > 0:
+            lo, f_lo = x, fx
             if side == 1:
-                g_hi *= 0.5
+                f_hi *= 0.5
             side = 1
         else:
-            hi, g_hi = x, gx
+            hi, f_hi = x, fx
             if side == -1:
-                g_lo *= 0.5
+                f_lo *= 0.5
             side = -1
-    return v, fx + rho_star, abs(fx) < 1e-4
+    return x, fx, abs(fx) < tol
+
+
+def solve_joint(cfg, rho_star, eta_net, d_rule="spa"):
+    """The joint policy's targets (docs/kernel_budget.md):
+
+        (i)  c_f0(K_L) = eta_net    TAT's condition, for the whole network (attention included)
+        (ii) rho(K_L)  = rho*       E-SPA's final adjacent correlation, on the input-dependent part
+
+    (network_stats of pair_walk at T_s = min(T, JOINT_SOLVE_T), extrapolated to T). Unknowns:
+    the final gamma_L (rho_L for U-SPA), and the MLP stack's eta for a TAT leaky ReLU unless
+    cfg.eta fixes it (other activations keep their zeta / tau; only (ii) is solved). Nested
+    regula falsi: gamma_L for (ii) at each eta, eta for (i). Returns dict(final, eta, c_f0,
+    rho, rho_reached, eta_net_reached (None when eta is not solved), eta_clamped: (i) needs
+    more than the largest reachable eta, so eta is that maximum)."""
+    T_s = min(cfg.block_size, JOINT_SOLVE_T)
+    espa = cfg.attention == "espa"
+
+    def value(x):
+        return math.exp(x) if espa else 1.0 / (1.0 + math.exp(-x))
+
+    def inner(eta):
+        act = activation_plan(cfg, eta)
+        memo = {}
+
+        def g(x):                                   # decreasing in x for both kinds
+            K, X = pair_walk(cfg, act, schedule(cfg, value(x)), d_rule, T_s)
+            memo[x] = network_stats(K, X, cfg.block_size)
+            return (memo[x][1] - rho_star) * (1.0 if espa else -1.0)
+
+        lo, hi = (math.log(GAMMA_BOUNDS[0]), math.log(GAMMA_BOUNDS[1])) if espa else RHO_LOGIT_BOUNDS
+        x, _, ok = _falling_root(g, lo, hi, 1e-5)
+        c_f0, rho = memo[x]
+        return dict(final=value(x), eta=eta, c_f0=c_f0, rho=rho, rho_reached=ok)
+
+    if not uses_eta(cfg) or cfg.eta:
+        return dict(inner(cfg.eta or None), eta_net_reached=None, eta_clamped=False)
+    top = max_eta(cfg) * (1.0 - 1e-9)
+    memo = {}
+
+    def h(eta):                                     # falls: c_f0 rises with eta
+        memo[eta] = inner(eta)
+        return eta_net - memo[eta]["c_f0"]
+
+    eta, _, ok = _falling_root(h, 1e-3, top, 1e-5)
+    return dict(memo[eta], eta_net_reached=ok, eta_clamped=(eta == top and not ok))
+
+
+_JOINT_CACHE = {}
+_JOINT_FIELDS = ("attention", "activation", "residual", "residual_beta", "norm", "norm_position",
+                 "block_size", "n_layer", "shaping_depth", "zeta", "tau", "eta", "rho_final")
+
+
+def joint_solution(cfg, rho_star, eta_net, d_rule):
+    """solve_joint, cached on the configuration fields it depends on."""
+    key = tuple(getattr(cfg, f) for f in _JOINT_FIELDS) + (rho_star, eta_net, d_rule)
+    if key not in _JOINT_CACHE:
+        _JOINT_CACHE[key] = solve_joint(cfg, rho_star, eta_net, d_rule)
+    return dict(_JOINT_CACHE[key])
 
 
 # ------------------------------------------------------------------ make_plan
@@ -310,30 +387,32 @@ def make_plan(cfg):
                          f"that of the skipless block), got residual={cfg.residual!r}")
     joint = policy in ("joint", "joint_qpreserve")
     info = dict(policy=policy, depth=shaping_depth(cfg))
+    name = _name(cfg)
+    given = cfg.gamma_final if cfg.attention == "espa" else None
+    d_rule = "qpreserve" if policy in ("qpreserve", "joint_qpreserve") else "spa"
+    eta = cfg.eta or INDEPENDENT_ETA
+    final = None
     if joint:
         rho_star = cfg.final_corr or JOINT_FINAL_CORR
-        info["final_corr"] = rho_star
-        eta, clamped = joint_eta(cfg, rho_star)
-        if clamped:
-            info["eta_clamped_to_max"] = True
-    else:
-        eta = cfg.eta or INDEPENDENT_ETA
+        info.update(final_corr=rho_star, eta_net=JOINT_NET_ETA)
+        if spa and not given:
+            sol = joint_solution(cfg, rho_star, JOINT_NET_ETA, d_rule)
+            final, eta = sol["final"], sol["eta"] or eta
+            info.update(net_c_f0=sol["c_f0"], final_corr_achieved=sol["rho"],
+                        final_corr_reached=sol["rho_reached"])
+            if sol["eta_net_reached"] is not None:
+                info["eta_net_reached"] = sol["eta_net_reached"]
+            if sol["eta_clamped"]:
+                info["eta_clamped_to_max"] = True
+        elif not cfg.eta:                           # no SPA schedule to solve: the MLP stack's
+            eta = min(JOINT_NET_ETA, max_eta(cfg) * (1.0 - 1e-9))   # own eta, clamped
     activation = activation_plan(cfg, eta)
     if uses_eta(cfg):
         info["eta"] = eta
     if not spa:
         return Plan(policy=policy, layers=None, activation=activation, info=info)
-
-    name = _name(cfg)
-    given = cfg.gamma_final if cfg.attention == "espa" else None
-    d_rule = "qpreserve" if policy in ("qpreserve", "joint_qpreserve") else "spa"
-    if joint and not given:
-        final, achieved, reached = solve_final(cfg, activation, rho_star, d_rule)
-        info.update(final_corr_achieved=achieved, final_corr_reached=reached)
-    elif cfg.attention == "espa":
-        final = given or INDEPENDENT_GAMMA_FINAL
-    else:
-        final = cfg.rho_final
+    if final is None:
+        final = (given or INDEPENDENT_GAMMA_FINAL) if cfg.attention == "espa" else cfg.rho_final
     info[f"{name}_final"] = final
     values = schedule(cfg, final)
     if policy == "independent" or (joint and d_rule == "spa"):
