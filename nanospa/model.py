@@ -60,12 +60,12 @@ class GPTConfig:
     final_norm: str = "auto"       # auto (a final norm when norm != none and residual != none) | yes | no
     pos: str = "none"              # none | learned | sinusoidal
     dtype: str = "float32"         # float32 | float64 (parameters and activations)
-    kernel_budget: str = "joint"   # how attention and MLP share the kernel budget (init.py, method §10)
+    kernel_budget: str = "joint"   # how attention and MLPs share the kernel (docs/kernel_budget.md)
     gamma_final: float = 0.0       # E-SPA final gamma_L; 0 = chosen by kernel_budget
     rho_final: float = 0.8         # U-SPA final rho_L
-    final_corr: float = 0.0        # joint budget: target adjacent correlation at layer L; 0 = default
+    final_corr: float = 0.0        # joint budget: adjacent corr. of the input-dependent last kernel; 0 = 0.4
     zeta: float = 1.5              # DKS target max C'(1)
-    eta: float = 0.0               # TAT leaky-ReLU target C_f(0); 0 = chosen by kernel_budget
+    eta: float = 0.0               # TAT leaky-ReLU target C_f(0) of the MLP stack; 0 = chosen by kernel_budget
     tau: float = 0.3               # TAT smooth target C''(1)
     shaping_depth: int = 0         # nonlinear layers the activation is shaped for; 0 = n_layer
     train_bias: bool = False       # make the SPA bias B_l trainable
