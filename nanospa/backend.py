@@ -10,6 +10,7 @@ run in the same process as a GPU model. CuPy is imported here and nowhere else.
     to_numpy(a)           device -> host
     scatter_add(a, i, v)  a[i] += v with repeated indices summed (embedding backward)
     synchronize()         wait for the device (a no-op on the CPU)
+    set_threads(n)        worker threads for data-parallel slices of a batch (CPU)
 
 All random initialisation is drawn on the host from a seeded numpy.random.Generator and
 then moved with ``asarray``, so CPU and GPU runs start from identical weights.
@@ -96,6 +97,42 @@ def scatter_add(a, indices, values):
     else:
         np.add.at(a, indices, values)
     return a
+
+
+_threads = 1
+_pool = None
+
+
+def threads():
+    """nanospa's worker threads (see set_threads)."""
+    return _threads
+
+
+def set_threads(n):
+    """Use n worker threads for tensor.sharded_backward: slices of a batch trained at once on
+    the CPU. BLAS should then be single-threaded (OPENBLAS_NUM_THREADS=1 before NumPy loads,
+    or threadpoolctl), or the two counts multiply. Returns the previous count."""
+    global _threads, _pool
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"threads must be a positive integer, got {n!r}")
+    previous, _threads = _threads, n
+    if _pool is not None and n != previous:
+        _pool.shutdown()
+        _pool = None
+    return previous
+
+
+def parallel_map(fn, items):
+    """[fn(x) for x in items], on the worker threads when there are several; results in
+    the order of items, exceptions re-raised here."""
+    global _pool
+    items = list(items)
+    if _threads == 1 or len(items) < 2:
+        return [fn(x) for x in items]
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _pool = ThreadPoolExecutor(_threads, thread_name_prefix="nanospa")
+    return list(_pool.map(fn, items))
 
 
 def synchronize():

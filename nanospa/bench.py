@@ -34,12 +34,16 @@ alternating order), and the reported ratio is the median over rounds of
 t_pytorch / t_nanospa: a speed ratio, > 1 when nanospa is faster, in which drift of a shared
 machine cancels.
 
-Threads (CPU): ``--threads`` (default 2) is applied with threadpoolctl when it is installed,
-otherwise by re-running the command with OMP/OPENBLAS/MKL_NUM_THREADS set before NumPy loads;
-PyTorch gets torch.set_num_threads. OpenBLAS reads OPENBLAS_CORETYPE (and
-OPENBLAS_L2_SIZE) when it loads; the report shows them and, with threadpoolctl, the kernel
-OpenBLAS chose, so a run with them unset (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
-python -m nanospa.bench``) can be told apart.
+Threads (CPU): ``--threads=n`` (default 2). nanospa runs n worker threads, each training a
+slice of the batch (tensor.sharded_backward: same loss and gradients, summed in a fixed
+order), with single-threaded BLAS; ``--cpu_threading=blas`` runs one thread with an n-thread
+BLAS instead. BLAS threads are set through OPENBLAS_NUM_THREADS, by re-running the command
+with it set before NumPy loads (or, when main() is called from Python, with threadpoolctl if
+installed). PyTorch gets torch.set_num_threads(n). The GEMM peak is measured the same way as
+nanospa runs: n single-threaded products at once, or one n-thread product. OpenBLAS also
+reads OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE) when it loads; the report shows them and,
+with threadpoolctl, the kernel OpenBLAS chose, so a run with them unset (``env -u
+OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m nanospa.bench``) can be told apart.
 
 The benchmark is not a test: tests/test_bench.py runs it once on a tiny configuration.
 """
@@ -58,6 +62,7 @@ import numpy as np
 from . import backend
 from .model import GPT, GPTConfig
 from .optim import AdamW
+from .tensor import sharded_backward
 
 # name -> (GPTConfig fields, batch size). "ref" is the reference configuration of the README.
 CONFIGS = {
@@ -68,7 +73,7 @@ CONFIGS = {
 }
 ARCH = dict(attention="espa", activation="tat_lrelu", residual="none", norm="none", pos="none")
 OPTIM = dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)  # nanoGPT-like; same in both frameworks
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # reported
 
 
 def model_flops(cfg, batch_size):
@@ -91,19 +96,29 @@ def _threadpoolctl():
         return None
 
 
-def set_threads(n, argv=None):
-    """Limit BLAS/OpenMP threads to n in this process (threadpoolctl). Without threadpoolctl,
-    re-run ``python -m nanospa.bench argv`` with the thread variables set before NumPy loads
-    (only when argv is given: the command line, never a caller's process). Returns
-    threadpoolctl's view of the loaded libraries, or None."""
+def configure_cpu_threads(n, mode, argv=None):
+    """nanospa threads and BLAS threads for ``--threads=n``: mode "shards" is n worker
+    threads (backend.set_threads) over single-threaded BLAS, mode "blas" one thread over an
+    n-thread BLAS. BLAS threads are fixed by OPENBLAS_NUM_THREADS: when ``argv`` (the command
+    line) is given and the variable differs, the command is re-run with it set before NumPy
+    loads; otherwise threadpoolctl changes them if installed. Returns what was set."""
+    blas = 1 if mode == "shards" else n
+    backend.set_threads(n if mode == "shards" else 1)
+    how = "OPENBLAS_NUM_THREADS"
+    if os.environ.get("OPENBLAS_NUM_THREADS") != str(blas):
+        if argv is not None:
+            os.environ["OPENBLAS_NUM_THREADS"] = str(blas)
+            os.execv(sys.executable, [sys.executable, "-m", "nanospa.bench", *argv])
+        tpc = _threadpoolctl()
+        how = "threadpoolctl" if tpc is not None else "not set (no threadpoolctl)"
+        if tpc is not None:
+            tpc.ThreadpoolController().select(internal_api="openblas").limit(limits=blas)
+    info = dict(mode=mode, nanospa_threads=backend.threads(), blas_threads=blas, blas_threads_set_by=how)
     tpc = _threadpoolctl()
     if tpc is not None:
-        tpc.threadpool_limits(n)
-        return tpc.threadpool_info()
-    if argv is not None and any(os.environ.get(v) != str(n) for v in THREAD_VARS):
-        os.environ.update({v: str(n) for v in THREAD_VARS})
-        os.execv(sys.executable, [sys.executable, "-m", "nanospa.bench", *argv])
-    return None
+        info["libraries"] = [{k: d.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
+                             for d in tpc.threadpool_info()]
+    return info
 
 
 def _torch():
@@ -139,11 +154,13 @@ class NanospaStep:
         self.opt = AdamW(model.parameters(), **OPTIM)
         self.idx, self.targets = backend.asarray(idx), backend.asarray(targets)
 
+    def loss(self, idx, targets):
+        return self.model(idx, targets)[1]
+
     def __call__(self):
         backend.synchronize()
         t = time.perf_counter()
-        _, loss = self.model(self.idx, self.targets)
-        loss.backward()
+        sharded_backward(self.loss, self.idx, self.targets)  # loss.backward() with one thread
         self.opt.step()
         self.opt.zero_grad()
         backend.synchronize()
@@ -179,22 +196,23 @@ class TorchStep:
 
 
 class GemmProbe:
-    """One n x n @ n x n product of the model's dtype on the benchmark's device: 2 n^3 FLOPs."""
+    """n x n @ n x n products of the model's dtype on the benchmark's device, one per
+    nanospa worker thread, run at once: 2 n^3 FLOPs each."""
 
     def __init__(self, n, dtype):
         xp = backend.xp()
         rng = np.random.default_rng(1)
         self.a = backend.asarray(rng.standard_normal((n, n)).astype(dtype))  # no device temporary
         self.b = backend.asarray(rng.standard_normal((n, n)).astype(dtype))
-        self.out = xp.empty((n, n), dtype=dtype)
-        self.flops = 2.0 * n ** 3
-        self.nbytes = 3 * self.out.nbytes
+        self.outs = [xp.empty((n, n), dtype=dtype) for _ in range(backend.threads())]
+        self.flops = 2.0 * n ** 3 * len(self.outs)
+        self.nbytes = (2 + len(self.outs)) * self.a.nbytes
         self.xp = xp
 
     def __call__(self):
         backend.synchronize()
         t = time.perf_counter()
-        self.xp.matmul(self.a, self.b, out=self.out)
+        backend.parallel_map(lambda out: self.xp.matmul(self.a, self.b, out=out), self.outs)
         backend.synchronize()
         return self.flops / (time.perf_counter() - t)
 
@@ -217,7 +235,7 @@ def _status_kb(field):
 def memory_probe(framework, args):
     """Run in a fresh process (``--memory_probe``): build one framework's model and train
     a few steps; print the resident set after imports and its high-water mark."""
-    set_threads(args.threads, sys.argv[1:] if args.reexec else None)
+    configure_cpu_threads(args.threads, args.cpu_threading, sys.argv[1:] if args.reexec else None)
     torch = _torch() if framework == "pytorch" else None
     if torch is not None:
         torch.set_num_threads(args.threads)
@@ -284,6 +302,7 @@ def run_config(name, args, argv, torch):
     peak = float(np.median(peaks))
     result = dict(config=name, gpt_config=cfg.to_dict(), batch_size=batch, tokens_per_step=tokens,
                   device=args.device, threads=args.threads if args.device == "cpu" else None,
+                  cpu_threading=args.cpu_threading if args.device == "cpu" else None,
                   dtype=cfg.dtype, steps=args.steps, warmup=args.warmup,
                   model_flops=flops, gemm_n=args.gemm_n, gemm_peak_flops=peak, frameworks={})
     for r in runners:
@@ -318,7 +337,7 @@ def run_config(name, args, argv, torch):
 # ----------------------------------------------------------------------------- report
 
 
-def machine_info(args, torch, blas_info):
+def machine_info(args, torch, threads_info):
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo") as f:
@@ -335,9 +354,8 @@ def machine_info(args, torch, blas_info):
         info["load_average"] = os.getloadavg()
     except OSError:
         pass
-    if blas_info:
-        info["blas"] = [{k: d.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
-                        for d in blas_info]
+    if threads_info:
+        info["threads"] = threads_info
     if args.device == "cuda":
         xp = backend.xp()
         props = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)
@@ -356,16 +374,21 @@ def format_report(report):
              + (f"  GPU {m['gpu']}" if "gpu" in m else ""),
              f"command: {m['command']}",
              f"numpy {m['numpy']}, torch {m['torch'] or 'not installed'}"
-             + (f", BLAS {m['blas'][0]['internal_api']} {m['blas'][0]['version']} "
-                f"kernel {m['blas'][0]['architecture']}" if m.get("blas") else "")
              + (f", load average {m['load_average'][0]:.1f}" if "load_average" in m else "")]
+    th = m.get("threads")
+    if th:
+        blas = [d for d in th.get("libraries", []) if d["internal_api"] == "openblas"]
+        lines.append(f"threads: nanospa {th['nanospa_threads']} x BLAS {th['blas_threads']} "
+                     f"({th['mode']}; BLAS threads by {th['blas_threads_set_by']})"
+                     + (f"; numpy's OpenBLAS {blas[0]['version']} kernel {blas[0]['architecture']}" if blas else "")
+                     + f"; OPENBLAS_CORETYPE={m['env']['OPENBLAS_CORETYPE']}")
     for r in report["results"]:
         c, f = r["gpt_config"], r["model_flops"]
         lines.append("")
         lines.append(f"[{r['config']}] L={c['n_layer']} C={c['n_embd']} H={c['n_head']} T={c['block_size']} "
                      f"B={r['batch_size']} V={c['vocab_size']} {c['attention']}/{c['activation']} "
                      f"{r['dtype']} {r['device']}"
-                     + (f" threads={r['threads']}" if r["threads"] else ""))
+                     + (f" threads={r['threads']} ({r['cpu_threading']})" if r["threads"] else ""))
         lines.append(f"  model FLOPs/step {f['per_step'] / 1e9:.2f} G ({f['formula']}); "
                      f"GEMM peak {r['gemm_peak_flops'] / 1e9:.1f} GFLOP/s (n={r['gemm_n']})")
         lines.append(f"  {'framework':10s} {'tokens/s':>10s} {'ms/step':>9s} {'MFU':>6s} {'peak mem':>10s}")
@@ -407,6 +430,9 @@ def build_parser():
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--threads", type=int, default=2, help="CPU threads for both frameworks")
+    p.add_argument("--cpu_threading", default="shards", choices=("shards", "blas"),
+                   help="nanospa's CPU threads: worker threads on batch slices over 1-thread BLAS "
+                        "(shards), or one thread over an n-thread BLAS (blas)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per framework")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per framework first")
     p.add_argument("--gemm_n", type=int, default=0, help="GEMM peak matrix size (0: 2048 CPU, 8192 GPU)")
@@ -436,14 +462,16 @@ def main(argv=None):
         raise SystemExit("--threads and --steps must be >= 1 and --warmup >= 0")
     if args.memory_probe:
         return memory_probe(args.memory_probe, args)
-    blas_info = set_threads(args.threads, argv if args.reexec else None) if args.device == "cpu" else None
+    threads_info = None
+    if args.device == "cpu":
+        threads_info = configure_cpu_threads(args.threads, args.cpu_threading, argv if args.reexec else None)
     backend.use(args.device)
     args.gemm_n = args.gemm_n or (8192 if args.device == "cuda" else 2048)
     torch = _torch() if args.torch == "auto" else None
     if torch is not None and args.device == "cpu":
         torch.set_num_threads(args.threads)
     results = [run_config(name, args, argv, torch) for name in args.config.split(",")]
-    report = dict(machine=machine_info(args, torch, blas_info), results=results)
+    report = dict(machine=machine_info(args, torch, threads_info), results=results)
     print(json.dumps(report, indent=1) if args.json else format_report(report))
     return report
 

@@ -164,8 +164,10 @@ class Tensor:
         return Tensor(self.data)
 
     # ---- differentiation ----------------------------------------------------------
-    def backward(self, grad=None):
-        """Back-propagate from this tensor; leaves accumulate into ``.grad``."""
+    def backward(self, grad=None, leaf_grads=None):
+        """Back-propagate from this tensor; leaves accumulate into ``.grad``, or, when a dict
+        ``leaf_grads`` is given, their gradients are stored there ({leaf: array}) and
+        ``.grad`` is left alone (sharded_backward adds them up in a fixed order)."""
         if not self.requires_grad:
             raise RuntimeError(f"backward through a tensor of shape {self.shape} that does not "
                                "require grad (no parameter with requires_grad=True reached it)")
@@ -187,7 +189,9 @@ class Tensor:
             g = grads.pop(id(node), None)
             owned.discard(id(node))
             if isinstance(node, Tensor):  # a leaf: accumulate
-                if g is not None:
+                if g is not None and leaf_grads is not None:
+                    leaf_grads[node] = g
+                elif g is not None:
                     node.grad = g if node.grad is None else node.grad + g
                 continue
             parents = node.parents
@@ -251,6 +255,43 @@ class Tensor:
     T = property(lambda self: F.Transpose.apply(self, axes=None))
     def softmax(self, axis=-1): return F.Softmax.apply(self, axis=axis)
     def log_softmax(self, axis=-1): return F.LogSoftmax.apply(self, axis=axis)
+
+
+def sharded_backward(loss_fn, *batch, shards=None):
+    """Back-propagate the batch-mean loss ``loss_fn(*batch)`` in ``shards`` slices of the
+    batch (axis 0 of every array in ``batch``), each on a worker thread of backend.threads()
+    (data parallelism on the CPU: NumPy releases the GIL in its loops and in BLAS, so the
+    slices run at once; run BLAS single-threaded then). Returns the loss, a Tensor without
+    graph. For a loss that is a mean over batch entries (cross-entropy over rows of equal
+    length, no ignore_index),
+
+        L = sum_s (n_s / n) L_s,      dL/dtheta = sum_s (n_s / n) dL_s/dtheta,
+
+    so slice s back-propagates from L_s with upstream gradient n_s / n into a dict of its
+    own, and the dicts are added to the leaves' ``.grad`` in slice order: the result does
+    not depend on thread timing. With one shard this is loss_fn(*batch).backward()."""
+    n = len(batch[0])
+    k = max(1, min(n, shards or backend.threads()))
+    if k == 1:
+        loss = loss_fn(*batch)
+        loss.backward()
+        return Tensor(loss.data)
+    bounds = [n * s // k for s in range(k + 1)]
+
+    def run(s):
+        lo, hi = bounds[s], bounds[s + 1]
+        loss = loss_fn(*(b[lo:hi] for b in batch))
+        weight = (hi - lo) / n
+        grads = {}
+        loss.backward(weight, leaf_grads=grads)
+        return loss.data * weight, grads
+
+    total = None
+    for value, grads in backend.parallel_map(run, range(k)):  # results in slice order
+        for leaf, g in grads.items():
+            leaf.grad = g if leaf.grad is None else leaf.grad + g
+        total = value if total is None else total + value
+    return Tensor(total)
 
 
 def _shape_arg(args):

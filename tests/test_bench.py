@@ -227,3 +227,49 @@ def test_cuda_kernels_match_numpy():
     gs = (g * y).sum(-1, keepdims=True)
     close(backend.softmax_grad(on(y), on(g), on(gs), 0.7, out=on(np.empty_like(y))),
           backend.softmax_grad(y, g, gs, 0.7, out=np.empty_like(y)))
+
+
+# ----------------------------------------------------------------------------- threads
+
+
+@pytest.fixture
+def two_threads():
+    previous = backend.set_threads(2)
+    yield
+    backend.set_threads(previous)
+
+
+@pytest.mark.parametrize("batch", [3, 4])
+def test_sharded_backward_is_the_full_batch_backward(two_threads, batch):
+    """Slices of the batch on two threads give the full batch's loss and gradients (float64:
+    only the order of the batch sum differs), odd batch sizes included."""
+    cfg = tiny(attention="espa", activation="tat_lrelu")
+    full, sharded = _perturbed(cfg), _perturbed(cfg)
+    rng = np.random.default_rng(7)
+    idx, tgt = rng.integers(0, 13, (batch, 8)), rng.integers(0, 13, (batch, 8))
+    _, loss = full(idx, tgt)
+    loss.backward()
+    from nanospa.tensor import sharded_backward
+    value = sharded_backward(lambda x, y: sharded(x, y)[1], idx, tgt)
+    assert not value.requires_grad
+    np.testing.assert_allclose(value.item(), loss.item(), rtol=1e-13)
+    for (name, p), q in zip(full.named_parameters(), sharded.parameters()):
+        np.testing.assert_allclose(q.grad, p.grad, rtol=1e-11, atol=1e-15, err_msg=name)
+
+
+def test_sharded_backward_is_deterministic_in_float32(two_threads):
+    from nanospa.tensor import sharded_backward
+    model = GPT(tiny(dtype="float32"), seed=0)
+    idx = np.random.default_rng(8).integers(0, 13, (4, 8))
+    grads = []
+    for _ in range(3):
+        model.zero_grad()
+        sharded_backward(lambda x, y: model(x, y)[1], idx, idx)
+        grads.append([p.grad.copy() for p in model.parameters()])
+    for other in grads[1:]:  # slices are added in a fixed order, whatever the thread timing
+        assert all(np.array_equal(a, b) for a, b in zip(grads[0], other))
+
+
+def test_set_threads_rejects_bad_counts():
+    with pytest.raises(ValueError, match="threads must be a positive integer, got 0"):
+        backend.set_threads(0)
