@@ -344,7 +344,7 @@ def machine_info(args, torch, threads_info):
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    info = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
+    info = dict(date=args.started,
                 command="python -m nanospa.bench " + " ".join(sys.argv[1:]),
                 platform=platform.platform(), cpu=cpu, cpu_count=os.cpu_count(),
                 python=platform.python_version(), numpy=np.__version__,
@@ -458,6 +458,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.reexec = reexec
+    args.started = datetime.datetime.now().isoformat(timespec="seconds")
     for name in args.config.split(","):
         if name not in CONFIGS:
             raise SystemExit(f"unknown configuration {name!r}; choose among {', '.join(CONFIGS)}")
