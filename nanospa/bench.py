@@ -350,8 +350,9 @@ def machine_info(args, torch, threads_info):
                 python=platform.python_version(), numpy=np.__version__,
                 torch=getattr(torch, "__version__", None),
                 env={v: os.environ.get(v) for v in THREAD_VARS + ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")})
-    try:
+    try:  # other users of a shared machine show here: at the start and at the end of the run
         info["load_average"] = os.getloadavg()
+        info["load_average_start"] = args.load_start
     except OSError:
         pass
     if threads_info:
@@ -377,7 +378,8 @@ def format_report(report):
              + (f"  GPU {m['gpu']}" if "gpu" in m else ""),
              f"command: {m['command']}",
              f"numpy {m['numpy']}, torch {m['torch'] or 'not installed'}"
-             + (f", load average {m['load_average'][0]:.1f}" if "load_average" in m else "")]
+             + (f", load average {m['load_average_start'][0]:.1f} at start, {m['load_average'][0]:.1f} at end"
+                if m.get("load_average_start") else "")]
     th = m.get("threads")
     if th:
         blas = [d for d in th.get("libraries", []) if d["internal_api"] == "openblas"]
@@ -459,6 +461,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     args.reexec = reexec
     args.started = datetime.datetime.now().isoformat(timespec="seconds")
+    args.load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     for name in args.config.split(","):
         if name not in CONFIGS:
             raise SystemExit(f"unknown configuration {name!r}; choose among {', '.join(CONFIGS)}")
