@@ -362,7 +362,7 @@ def run(argv):
     if rows[0]["model"] is None:
         print("model columns: not shown (nanospa.signal.predict_kernels is not available)")
     target_note = {"softmax": "uniform causal attention (W^Q = 0; method §3.4)",
-                   "value_skipinit": "identity (beta = 0 at init)"}.get(cfg.attention, "the SPA target kernel")
+                   "value_skipinit": "identity (beta = 0 at init)"}.get(cfg.attention, "the plan's A_l = D_l softmax(B_l)")
     print(f"attn-only: the attention-only network, {target_note}; model: the whole model predicted "
           "in the wide limit; measured: the GPT at init\n")
     print(format_table(cfg, rows, s["every"]))
