@@ -35,15 +35,17 @@ PAPER = ("The paper trains deep vanilla transformers (no skips, no normalisation
          "shaped activations; they reach standard transformers' performance after about 5 times "
          "more iterations, while vanilla standard attention does not train. How it shares the "
          "kernel budget between attention and MLPs was not recovered (docs/method.md §10).")
-EXTRA = dict(out="results/budget", measure_width=1024, measure_batch=4)
+EXTRA = dict(out="results/budget", measure_width=1024, measure_batch=4, train=True)
 EXTRA_NOTES = dict(measure_width="width of the model measured at init (0 = skip the init check)",
-                   measure_batch="rows of real text in the init check")
+                   measure_batch="rows of real text in the init check",
+                   train="run the training part (False: the init check only, appended to an existing table.md)")
 PRESETS = dict(tiny=dict(measure_width=32, measure_batch=1, n_layer=16),   # eta = 0.9 needs L >= 13
                quick=dict(lrs=(3e-4, 1e-3, 3e-3), seeds=2, eval_batches=16),
                full=dict(measure_width=1024))
 
 VANILLA = dict(attention="espa", residual="none", norm="none", pos="none", activation="tat_lrelu")
 POLICIES = ("independent", "joint", "qpreserve", "joint_qpreserve")
+INIT_HEADING = "## At initialisation: predicted (wide limit) against measured"
 
 
 def methods(settings):
@@ -119,7 +121,7 @@ def init_check(cfg, width, batch, tokens, seed=0):
 
 def init_markdown(checks, settings):
     L = settings["n_layer"]
-    lines = ["## At initialisation: predicted (wide limit) against measured", "",
+    lines = [INIT_HEADING, "",
              f"Measured on the same model at width {settings['measure_width']} in float64, "
              f"T = {settings['block_size']}, depth {L}; \"distinct\": {settings['measure_batch']} rows of "
              "distinct tokens (Sigma_0 = I), \"text\": as many rows of training text, each predicted "
@@ -179,10 +181,12 @@ def main(argv=None):
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rc = runner.main(spec, argv)
-    if rc == 0 and md:
-        table = Path(s["out"]) / "table.md"
-        table.write_text(table.read_text(encoding="utf-8") + "\n" + md, encoding="utf-8")
+    rc = runner.main(spec, argv) if s["train"] else 0
+    table = Path(s["out"]) / "table.md"
+    if rc == 0 and md and table.exists():
+        text = table.read_text(encoding="utf-8")
+        text = text.split("\n" + INIT_HEADING)[0].rstrip("\n") + "\n"    # replace an older init section
+        table.write_text(text + "\n" + md, encoding="utf-8")
     return rc
 
 

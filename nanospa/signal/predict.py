@@ -414,3 +414,36 @@ def measured_kernels(model, idx):
     return dict(sigma_0=kernel_matrix(tr.hidden[0], mean=True),
                 attn_branch=[kernel_matrix(h, mean=True) for h in tr.attn_out],
                 mlp=[kernel_matrix(h, mean=True) for h in tr.hidden[1:]])
+
+
+def main(argv=None):
+    """Command-line entry (argv: --key=value ...): print the per-sublayer prediction table of
+    one configuration; every GPTConfig field is a setting, --every=N prints every N-th layer.
+    For a command-line tool to dispatch to (nanospa.signal's __main__). Returns the exit status."""
+    import sys
+    from dataclasses import fields
+    from nanospa.experiments.settings import SettingsError, help_text, parse_settings, wants_help
+    from nanospa.model import GPTConfig
+    argv = sys.argv[1:] if argv is None else list(argv)
+    defaults = {f.name: getattr(GPTConfig(), f.name) for f in fields(GPTConfig)}
+    defaults.update(every=1, softmax_samples=32)
+    if wants_help(argv):
+        print(help_text("python -m nanospa.signal.predict [--key=value ...]: predicted kernels at init",
+                        defaults, dict(every="print every N-th layer (and the last)",
+                                       softmax_samples="Monte Carlo samples for softmax attention")))
+        return 0
+    try:
+        s = parse_settings(argv, defaults)
+        cfg = GPTConfig(**{k: s[k] for k in defaults if k not in ("every", "softmax_samples")})
+        pred = predict_kernels(cfg, softmax_samples=s["softmax_samples"])
+    except (SettingsError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from .budget import make_plan
+    info = make_plan(cfg).info
+    print(", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items()
+                    if not isinstance(v, list)))
+    print(pred.table(every=s["every"]))
+    for note in pred.notes:
+        print(f"note: {note}")
+    return 0
