@@ -475,6 +475,9 @@ def main(argv=None):
     backend.use(args.device)
     args.gemm_n = args.gemm_n or (8192 if args.device == "cuda" else 2048)
     torch = _torch() if args.torch == "auto" else None
+    if torch is not None and args.device == "cuda" and not torch.cuda.is_available():
+        print("PyTorch sees no GPU (a CPU-only build?): no yardstick", file=sys.stderr)
+        torch = None
     if torch is not None and args.device == "cpu":
         torch.set_num_threads(args.threads)
     results = [run_config(name, args, argv, torch) for name in args.config.split(",")]
