@@ -277,7 +277,12 @@ def network_stats(K, X, T_full=None):
     the mean adjacent correlation of the normalised input-dependent kernel K - X."""
     T_full = K.shape[0] if T_full is None else T_full
     c_f0 = _position_mean(np.diagonal(X) / np.diagonal(K), T_full)
-    c = np.diagonal(normalised_kernel(K - X), 1)
+    R = K - X
+    if np.min(np.diagonal(R)) <= 1e-12 * np.max(np.diagonal(K)):
+        # No input-dependent part left at some position (e.g. a plain sigmoid MLP at depth):
+        # the network is collapsed there, which counts as adjacent correlation 1.
+        return c_f0, 1.0
+    c = np.diagonal(normalised_kernel(R), 1)
     rho = _position_mean(c, T_full - 1) if c.size else float("nan")
     return c_f0, rho
 
