@@ -5,7 +5,7 @@ Reading order: backend -> tensor -> functions -> nn -> optim -> gradcheck -> sig
 init -> model. See README.md for the code map.
 """
 from . import backend
-from .tensor import Tensor, Function, no_grad
+from .tensor import Tensor, Function, no_grad, sharded_backward
 from . import functions
 from .nn import Module, Parameter
 from .optim import AdamW, SGD
