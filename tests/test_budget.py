@@ -186,3 +186,16 @@ def test_non_spa_attention_gets_only_an_activation_plan():
             continue
         plan = make_plan(cfg(attention="softmax", kernel_budget=budget))
         assert plan.layers is None and plan.activation["method"] == "tat"
+
+
+@pytest.mark.parametrize("attention", ["espa", "uspa"])
+@pytest.mark.parametrize("residual", ["standard", "normalised"])
+def test_joint_with_skips_gives_the_attention_target_rho_star(attention, residual):
+    """Skips keep the block outputs near the input kernel, which no gamma_L can move to rho*
+    (the solver would run to its bound); the last SPA target takes rho* itself."""
+    c = cfg(attention=attention, residual=residual)
+    plan = make_plan(c)
+    last = plan.layers[-1]["gamma"] if attention == "espa" else plan.layers[-1]["rho"]
+    target = kernels.espa_kernel(4, last) if attention == "espa" else kernels.uspa_kernel(4, last)
+    assert target[0, 1] == pytest.approx(JOINT_FINAL_CORR, rel=1e-12)
+    assert plan.info["joint_mode"].startswith("residual")

@@ -17,7 +17,9 @@ Policies (``cfg.kernel_budget``), for E-SPA (U-SPA: rho in place of gamma):
                      (i) C_f(0) = eta_net = 0.9, TAT's condition with attention included
                      (two inputs with no token in common end with correlation eta_net), and
                      (ii) the input-dependent part of the last kernel, K_L - X_L, has mean
-                     adjacent correlation rho* (cfg.final_corr, default JOINT_FINAL_CORR)
+                     adjacent correlation rho* (cfg.final_corr, default JOINT_FINAL_CORR);
+                     with skips (residual != "none") the attention-only final target takes
+                     rho* instead: exp(-gamma_L) = rho* (rho_L = rho*)
     qpreserve        independent targets; D_l[i] = 1 / sqrt((P_l S_{l-1} P_l^T)_ii) with
                      P_l = softmax(B_l) and S_{l-1} the predicted kernel entering the
                      attention, so every position leaves every attention sublayer with q = 1
@@ -400,7 +402,15 @@ def make_plan(cfg):
     if joint:
         rho_star = cfg.final_corr or JOINT_FINAL_CORR
         info.update(final_corr=rho_star, eta_net=JOINT_NET_ETA)
-        if spa and not given:
+        if spa and not given and cfg.residual != "none":
+            # With skips the block outputs stay close to the input kernel, so neither
+            # whole-network target constrains the attention branch: its last SPA target
+            # takes the adjacent correlation rho* itself (exp(-gamma_L) = rho*, rho_L = rho*).
+            final = -math.log(rho_star) if cfg.attention == "espa" else rho_star
+            info["joint_mode"] = "residual: attention-only final target"
+            if not cfg.eta:
+                eta = min(JOINT_NET_ETA, max_eta(cfg) * (1.0 - 1e-9))
+        elif spa and not given:
             sol = joint_solution(cfg, rho_star, JOINT_NET_ETA, d_rule)
             final, eta = sol["final"], sol["eta"] or eta
             info.update(net_c_f0=sol["c_f0"], final_corr_achieved=sol["rho"],
