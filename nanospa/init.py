@@ -23,6 +23,7 @@ from . import backend
 from . import functions as F
 from .nn import Parameter, orthogonal
 from .signal import budget
+from .signal.predict import sinusoidal_encoding
 from .signal.budget import BUDGETS, make_plan, split_activation  # noqa: F401 (re-exported)
 
 POS_VARIANCE = 0.5  # share of q = 1 given to positional encodings when pos != "none" [choice]
@@ -83,13 +84,9 @@ class Activation:
 
 
 def sinusoidal(T, C):
-    """Sinusoidal positions scaled so each coordinate has mean square POS_VARIANCE."""
-    pos = np.arange(T)[:, None]
-    freq = np.exp(-math.log(10000.0) * (np.arange(0, C, 2) / C))
-    pe = np.zeros((T, C))
-    pe[:, 0::2] = np.sin(pos * freq)
-    pe[:, 1::2] = np.cos(pos * freq)[:, : C // 2]
-    return pe * math.sqrt(2.0 * POS_VARIANCE)
+    """Sinusoidal positions scaled so each coordinate has mean square POS_VARIANCE (the same
+    encoding that signal.predict uses for the input kernel)."""
+    return sinusoidal_encoding(T, C, POS_VARIANCE)
 
 
 def model_plan(cfg):
