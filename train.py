@@ -36,6 +36,7 @@ from tqdm import tqdm
 from data import VOCAB_SIZE, DataError, check_length, decode, encode, get_batch, load_dataset, unigram_entropy
 from nanospa import backend
 from nanospa.backend import DeviceError
+from nanospa.experiments.settings import SettingsError, convert as settings_convert
 from nanospa.model import GPT, GPTConfig
 from nanospa.optim import AdamW, clip_grad_norm, cosine_lr
 from nanospa.signal import kernel_matrix, mean_offdiag, normalised_kernel, q_values
@@ -102,25 +103,12 @@ class Diverged(RuntimeError):
 # ----------------------------------------------------------------------------- overrides
 
 def convert(key, raw, default):
-    """'--key=raw' -> a value of the default's type (ast.literal_eval; a bare word is a string)."""
+    """'--key=raw' -> a value of the default's type (ast.literal_eval; a bare word is a string).
+    The rules are nanospa's one settings converter, shared with the experiment commands."""
     try:
-        value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        value = raw
-    if isinstance(default, str):
-        return value if isinstance(value, str) else raw
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(default, float):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    else:
-        ok = isinstance(value, type(default))
-    if not ok:
-        raise ConfigError(f"--{key}={raw}: expected {type(default).__name__} like the default {default!r}")
-    return value
+        return settings_convert(key, raw, default)
+    except SettingsError as e:
+        raise ConfigError(str(e)) from None
 
 
 def parse_args(argv, defaults):
