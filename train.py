@@ -18,7 +18,6 @@ Files in out_dir:
 Exit status: 0 done, 1 training diverged, 2 bad settings or data, 130 interrupted (Ctrl-C
 saves a checkpoint first; a second Ctrl-C stops at once).
 """
-import ast
 import difflib
 import json
 import math
