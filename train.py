@@ -18,10 +18,18 @@ Files in out_dir:
 Exit status: 0 done, 1 training diverged, 2 bad settings or data, 130 interrupted (Ctrl-C
 saves a checkpoint first; a second Ctrl-C stops at once).
 """
+import os
+
+# Each step's batch is split across --threads worker threads (nanospa.tensor.sharded_backward),
+# and each thread calls single-threaded BLAS: a multi-threaded BLAS under them would put
+# threads x BLAS-threads on the cores. BLAS reads these variables once, when NumPy loads, so
+# this must run before the first import of NumPy; values already in the environment win.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 import difflib
 import json
 import math
-import os
 import re
 import signal
 import sys
@@ -40,7 +48,7 @@ from nanospa.model import GPT, GPTConfig
 from nanospa.optim import AdamW, clip_grad_norm, cosine_lr
 from nanospa.signal import kernel_matrix, mean_offdiag, normalised_kernel, q_values
 from nanospa.signal.predict import input_kernel, predict_kernels
-from nanospa.tensor import no_grad
+from nanospa.tensor import no_grad, sharded_backward
 
 # ----------------------------------------------------------------------------- defaults
 # Each key is a --key=value setting; the comment beside it is its --help line. Every
@@ -50,6 +58,7 @@ TRAIN_DEFAULTS = dict(
     out_dir="out",             # folder for ckpt.npz and log.jsonl
     data="default",            # dataset: default | PATH | shakespeare[:FILE] | wikitext2[:...] (see data.py)
     device="cpu",              # cpu | cuda (needs CuPy and a GPU)
+    threads=0,                 # CPU worker threads, each training a slice of the batch; 0 = one per core, at most 4
     seed=0,                    # seeds the weights, the training batches and the sample
     init_from="scratch",       # scratch | resume (continue from out_dir/ckpt.npz)
     eval_only=False,           # evaluate once (at init or at the checkpoint) and exit
@@ -137,7 +146,7 @@ def parse_args(argv, defaults):
 CHECKS = [  # settings GPTConfig does not check itself: (keys, test, what a good value is)
     (("batch_size", "block_size", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval"),
      lambda v: v > 0, "a positive integer"),
-    (("max_iters", "warmup_iters", "lr_decay_iters", "sample_tokens", "top_k"), lambda v: v >= 0, ">= 0"),
+    (("threads", "max_iters", "warmup_iters", "lr_decay_iters", "sample_tokens", "top_k"), lambda v: v >= 0, ">= 0"),
     (("learning_rate", "min_lr", "weight_decay", "grad_clip"), lambda v: 0 <= v < math.inf, "finite and >= 0"),
     (("beta1", "beta2"), lambda v: 0 <= v < 1, "in [0, 1)"),
     (("temperature",), lambda v: 0 < v < math.inf, "finite and > 0"),
@@ -229,6 +238,7 @@ def train(argv):
 
     # -- backend and seed
     backend.use(s["device"])                          # DeviceError without CuPy or a GPU
+    backend.set_threads(cpu_threads(s["threads"], B) if s["device"] == "cpu" else 1)
     rng = np.random.default_rng(s["seed"])            # training batches; saved in checkpoints
 
     # -- data
@@ -248,7 +258,8 @@ def train(argv):
     model.load_state_dict(ckpt["model"] if ckpt else model.state_dict())
     print(f"model: {model.num_params():,} parameters; L={cfg.n_layer} H={cfg.n_head} C={cfg.n_embd} T={T}; "
           f"attention={cfg.attention} activation={cfg.activation} residual={cfg.residual} "
-          f"norm={cfg.norm} pos={cfg.pos} {cfg.dtype} on {s['device']}")
+          f"norm={cfg.norm} pos={cfg.pos} {cfg.dtype} on {s['device']}"
+          + (f" ({backend.threads()} threads)" if s["device"] == "cpu" else ""))
     print("plan: " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in model.plan.info.items())
           + f"; activation {model.plan.activation!r}")
 
@@ -308,8 +319,9 @@ def train(argv):
         for it in bar:
             lr = optimizer.lr = get_lr(it)
             x, y = get_batch(ds.train, B, T, rng)     # (B, T) int64 each
-            _, loss = model(x, y)
-            loss.backward()
+            # loss.backward(), over slices of the batch on the worker threads (one slice with
+            # one thread); the slices' gradients are added in a fixed order: deterministic.
+            loss = sharded_backward(lambda xs, ys: model(xs, ys)[1], x, y)
             norm = clip_grad_norm(params, s["grad_clip"])
             value = loss.item()                       # a device sync, like the norm above
             if not (math.isfinite(value) and math.isfinite(norm)):
@@ -361,6 +373,16 @@ def train(argv):
 
 # ----------------------------------------------------------------------------- helpers
 
+def cpu_threads(requested, batch_size):
+    """--threads: 0 means one per core this process may use, at most 4 (the Python work
+    between NumPy calls holds the GIL, so many threads on small slices stop paying); never
+    more threads than sequences in a batch."""
+    if requested == 0:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        requested = min(cores, 4)
+    return min(requested, batch_size)
+
+
 def layer_stats(kernels):
     """Per-layer mean off-diagonal cosine and mean q-value of kernels Sigma_l (T, T)."""
     cos = [mean_offdiag(normalised_kernel(S)) if np.all(np.diag(S) > 0) else math.nan for S in kernels]
@@ -407,6 +429,7 @@ def main(argv=None):
     if "-h" in argv or "--help" in argv:
         print(help_text())
         return 0
+    threads = backend.threads()                       # train() sets its own; restored for callers
     try:
         return train(argv)
     except Diverged as e:
@@ -418,6 +441,8 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        backend.set_threads(threads)
 
 
 if __name__ == "__main__":

@@ -127,6 +127,7 @@ BAD = {
     "unsupported dtype": (["--dtype=float16"], "dtype"),
     "unreachable activation target": (["--eta=0.95"], "unreachable"),
     "bad device": (["--device=tpu"], "device"),
+    "negative threads": (["--threads=-1"], "threads"),
 }
 
 
@@ -211,6 +212,27 @@ def test_run_logs_evaluates_checkpoints_and_samples(tmp_path, text_file, capsys)
     assert any(n.startswith("model/") for n in names) and "optim/t" in names
     assert state["iter"] == 6 and set(state["rng"]) >= {"bit_generator", "state"}
     assert config["n_layer"] == 2 and config["vocab_size"] == 256
+
+
+def test_threads_train_slices_of_the_batch_with_the_same_result(tmp_path, text_file, capsys):
+    # In float64 the sliced batch gives the whole batch's gradients up to the order of one
+    # sum, so the losses of 6 steps agree to rounding; float32 runs drift apart further.
+    common = ["--max_iters=6", "--log_interval=1", "--eval_interval=6", "--dtype=float64"]
+    assert run(tmp_path, text_file, *common, "--threads=1", out="one") == 0
+    assert "(1 threads)" in capsys.readouterr().out
+    assert run(tmp_path, text_file, *common, "--threads=2", out="two") == 0
+    assert "(2 threads)" in capsys.readouterr().out
+    one, two = read_log(tmp_path / "one"), read_log(tmp_path / "two")
+    assert [r["iter"] for r in one] == [r["iter"] for r in two] == list(range(7))
+    np.testing.assert_allclose([r["train_loss"] for r in two], [r["train_loss"] for r in one], rtol=1e-12)
+    assert one[-1]["train_loss"] < one[0]["train_loss"] - 0.05    # it did train
+    assert backend.threads() == 1                                   # restored for the caller
+
+
+def test_threads_zero_is_one_per_core_capped():
+    assert train.cpu_threads(3, batch_size=16) == 3
+    assert train.cpu_threads(8, batch_size=2) == 2
+    assert 1 <= train.cpu_threads(0, batch_size=16) <= 4
 
 
 def test_lr_schedule_is_warmup_then_cosine(tmp_path, text_file):
