@@ -43,7 +43,7 @@ from tqdm import tqdm
 from data import VOCAB_SIZE, DataError, check_length, decode, encode, get_batch, load_dataset, unigram_entropy
 from nanospa import backend
 from nanospa.backend import DeviceError
-from nanospa.experiments.settings import SettingsError, convert as settings_convert
+from nanospa.settings import SettingsError, convert as settings_convert
 from nanospa.model import GPT, GPTConfig
 from nanospa.optim import AdamW, clip_grad_norm, cosine_lr
 from nanospa.signal import kernel_matrix, mean_offdiag, normalised_kernel, q_values

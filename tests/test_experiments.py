@@ -12,7 +12,7 @@ import pytest
 
 from nanospa.experiments import runner
 from nanospa.experiments.__main__ import COMMANDS, main
-from nanospa.experiments.settings import SettingsError, parse_settings
+from nanospa.settings import SettingsError, parse_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINING = ("fig2", "table1", "fig3", "table2", "longer")

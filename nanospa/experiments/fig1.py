@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from . import runner
-from .settings import help_text, parse_settings, wants_help
+from ..settings import help_text, parse_settings, wants_help
 
 NAME = "fig1"
 TITLE = "normalised kernels at init: standard attention collapses, U-SPA and E-SPA do not"

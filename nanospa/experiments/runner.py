@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .settings import help_text, parse_settings, wants_help
+from ..settings import help_text, parse_settings, wants_help
 
 STALL_MARGIN = 0.1   # nats/token; see the module docstring. Quick-preset Pre-LN ends ~0.8 below.
 PLOT_HINT = "pip install -e .[plot]  (or: pip install matplotlib)"

@@ -327,7 +327,7 @@ def _config_defaults():
 
 
 def run(argv):
-    from nanospa.experiments.settings import help_text, parse_settings, wants_help
+    from nanospa.settings import help_text, parse_settings, wants_help
     GPTConfig, cfg_defaults = _config_defaults()
     defaults = {**cfg_defaults, **SETTINGS}
     if wants_help(argv):

@@ -422,7 +422,7 @@ def main(argv=None):
     For a command-line tool to dispatch to (nanospa.signal's __main__). Returns the exit status."""
     import sys
     from dataclasses import fields
-    from nanospa.experiments.settings import SettingsError, help_text, parse_settings, wants_help
+    from nanospa.settings import SettingsError, help_text, parse_settings, wants_help
     from nanospa.model import GPTConfig
     argv = sys.argv[1:] if argv is None else list(argv)
     defaults = {f.name: getattr(GPTConfig(), f.name) for f in fields(GPTConfig)}

@@ -1,4 +1,5 @@
-"""--key=value settings for the command-line tools of nanospa.experiments and nanospa.signal.
+"""--key=value settings, the one parser of every nanospa command: train.py,
+python -m nanospa.experiments, python -m nanospa.signal and python -m nanospa.bench.
 
     parse_settings(argv, defaults, presets=None)  -> dict
     SettingsError                                   a bad flag (one-line message; exit status 2)
