@@ -1,0 +1,88 @@
+"""nanospa/tensor.py: the graph of Functions, backward, sharded_backward.
+"""
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+from nanospa import GPT, GPTConfig, Tensor, backend
+from nanospa.tensor import sharded_backward
+
+
+def normal(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def tiny(**kw):
+    base = dict(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8, dtype="float64")
+    base.update(kw)
+    return GPTConfig(**base)
+
+
+def _perturbed(cfg):
+    model = GPT(cfg, seed=0)
+    rng = np.random.default_rng(3)
+    for p in model.parameters():  # move off init (W^Q = 0 there) so every path matters
+        p.data = p.data + 0.3 * rng.standard_normal(p.shape)
+    return model
+
+
+def test_unsaved_intermediates_are_freed_before_backward():
+    """The graph links Functions, so an intermediate that no op saved is freed in forward
+    (here h, the input of Exp, which saves only its output); backward is still right."""
+    x = Tensor(normal(3), requires_grad=True)
+    h = x * 2.0
+    ref = weakref.ref(h.data)
+    y = h.exp().sum()
+    del h
+    gc.collect()
+    assert ref() is None
+    y.backward()
+    np.testing.assert_allclose(x.grad, 2.0 * np.exp(2.0 * x.data), rtol=1e-14)
+
+
+def test_shared_gradient_arrays_are_never_written_in_place():
+    """Add hands one array to both inputs; sums of fan-in gradients are made in place only
+    in arrays the backward pass allocated itself. d/dx of ((x + x) + x) * w is 3 w."""
+    x = Tensor(normal(4), requires_grad=True)
+    w = Tensor(normal(4, seed=2), requires_grad=True)
+    (((x + x) + x) * w).sum().backward()
+    np.testing.assert_allclose(x.grad, 3.0 * w.data, rtol=1e-15)
+    np.testing.assert_allclose(w.grad, 3.0 * x.data, rtol=1e-15)
+
+
+@pytest.fixture
+def two_threads():
+    previous = backend.set_threads(2)
+    yield
+    backend.set_threads(previous)
+
+
+@pytest.mark.parametrize("batch", [3, 4])
+def test_sharded_backward_is_the_full_batch_backward(two_threads, batch):
+    """Slices of the batch on two threads give the full batch's loss and gradients (float64:
+    only the order of the batch sum differs), odd batch sizes included."""
+    cfg = tiny(attention="espa", activation="tat_lrelu")
+    full, sharded = _perturbed(cfg), _perturbed(cfg)
+    rng = np.random.default_rng(7)
+    idx, tgt = rng.integers(0, 13, (batch, 8)), rng.integers(0, 13, (batch, 8))
+    _, loss = full(idx, tgt)
+    loss.backward()
+    value = sharded_backward(lambda x, y: sharded(x, y)[1], idx, tgt)
+    assert not value.requires_grad
+    np.testing.assert_allclose(value.item(), loss.item(), rtol=1e-13)
+    for (name, p), q in zip(full.named_parameters(), sharded.parameters()):
+        np.testing.assert_allclose(q.grad, p.grad, rtol=1e-11, atol=1e-15, err_msg=name)
+
+
+def test_sharded_backward_is_deterministic_in_float32(two_threads):
+    model = GPT(tiny(dtype="float32"), seed=0)
+    idx = np.random.default_rng(8).integers(0, 13, (4, 8))
+    grads = []
+    for _ in range(3):
+        model.zero_grad()
+        sharded_backward(lambda x, y: model(x, y)[1], idx, idx)
+        grads.append([p.grad.copy() for p in model.parameters()])
+    for other in grads[1:]:  # slices are added in a fixed order, whatever the thread timing
+        assert all(np.array_equal(a, b) for a, b in zip(grads[0], other))
