@@ -1,18 +1,30 @@
 """--key=value settings, the one parser of every nanospa command: train.py,
 python -m nanospa.experiments, python -m nanospa.signal and python -m nanospa.bench.
 
-    parse_settings(argv, defaults, presets=None)  -> dict
+    parse_settings(argv, defaults, presets=None)  -> dict (plus "_explicit": the keys set)
     SettingsError                                   a bad flag (one-line message; exit status 2)
+    wants_help(argv)                                -h, --help or help among the arguments
     help_text(title, defaults, notes, presets)      the --help screen
+    source_notes(*paths)                            --help notes from a defaults block's comments
+    fail(error)                                     print "error: ..." on one line; -> 2
 
 A value is read with ast.literal_eval and must have the default's type (a bare word is a
 string; an int is accepted where a float is expected). A tuple default takes a
 comma-separated list of its element type: --depths=1,4,12 or --lrs=1e-3,3e-3. A bare
 --flag sets a bool key to True. --preset=NAME is applied before every other setting,
-wherever it stands, so explicit settings win over the preset's.
+wherever it stands, so explicit settings win over the preset's; an empty preset name
+applies nothing.
+
+Not here: what a good value of a key is beyond its type (each command checks its own ranges),
+and the defaults themselves (each command owns its defaults block).
 """
 import ast
 import difflib
+import re
+import sys
+
+EXIT_BAD_INPUT = 2   # every command: 0 done, 1 training diverged, 2 bad input, 130 interrupted
+HELP_COLUMN = 30     # --help: the notes start after this many characters of --key=default
 
 
 class SettingsError(ValueError):
@@ -77,7 +89,7 @@ def parse_settings(argv, defaults, presets=None, elements=None):
     for key, raw in sorted(pairs, key=lambda kv: kv[0] != "preset"):  # stable sort: preset first
         settings[key] = convert(key, raw, defaults[key], elements.get(key))
         explicit.add(key)
-        if key == "preset":
+        if key == "preset" and settings[key]:
             if not presets or settings[key] not in presets:
                 raise SettingsError(f"unknown preset {settings[key]!r}; presets: {', '.join(presets or [])}")
             settings.update(presets[settings[key]])
@@ -93,9 +105,32 @@ def help_text(title, defaults, notes=None, presets=None):
     """The --help screen: every key with its default and a one-line note."""
     notes = notes or {}
     lines = [title, "", "settings (--key=value):"]
-    for key, value in defaults.items():
-        shown = ",".join(str(v) for v in value) if isinstance(value, tuple) else repr(value)
-        lines.append(f"  --{key}={shown:<16} {notes.get(key, '')}".rstrip())
+    flags = {key: f"--{key}=" + (",".join(str(v) for v in value) if isinstance(value, tuple) else repr(value))
+             for key, value in defaults.items()}
+    width = min(HELP_COLUMN, max(map(len, flags.values()), default=0))
+    for key, flag in flags.items():
+        lines.append(f"  {flag:<{width}}  {notes.get(key, '')}".rstrip())
     for name, preset in (presets or {}).items():
         lines.append(f"preset {name}: " + " ".join(f"{k}={v}" for k, v in preset.items()))
     return "\n".join(lines)
+
+
+NOTE = re.compile(r"^[ \t]+(\w+)(?::[ \t]*\w+)?[ \t]*=.*?#[ \t]*(.+)$", re.M)  # indented: key = value  # note
+
+
+def source_notes(*paths):
+    """{key: comment} from the lines `key=value,  # comment` (dict entries) or
+    `key: type = value  # comment` (dataclass fields) of source files, so that a defaults
+    block's comments are its --help lines. The first file that has a key wins."""
+    notes = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for key, note in NOTE.findall(f.read()):
+                notes.setdefault(key, note.strip())
+    return notes
+
+
+def fail(error):
+    """Print `error: MESSAGE` on one line of stderr; -> the exit status for bad input."""
+    print("error: " + " ".join(str(error).split()), file=sys.stderr)
+    return EXIT_BAD_INPUT

@@ -12,7 +12,6 @@ import pytest
 
 from nanospa.experiments import runner
 from nanospa.experiments.__main__ import COMMANDS, main
-from nanospa.settings import SettingsError, parse_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINING = ("fig2", "table1", "fig3", "table2", "longer")
@@ -115,15 +114,6 @@ def test_bad_settings_exit_2(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and words in err and err.count("\n") == 1
-
-
-def test_settings_parser_types_and_presets():
-    defaults = dict(preset="a", lrs=(1e-3,), n=1, flag=False, name="x")
-    presets = dict(a=dict(n=2), b=dict(n=3, lrs=(5e-4,)))
-    s = parse_settings(["--n=7", "--preset=b", "--lrs=1e-3,3e-3", "--flag"], defaults, presets)
-    assert (s["n"], s["lrs"], s["flag"]) == (7, (1e-3, 3e-3), True)   # explicit beats preset
-    with pytest.raises(SettingsError, match="expected int"):
-        parse_settings(["--n=1.5"], defaults, presets)
 
 
 def test_pool_workers_and_module_entry_point(tmp_path):

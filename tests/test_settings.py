@@ -1,0 +1,92 @@
+"""nanospa/settings.py, the one --key=value parser of every command: typed conversion,
+tuples, bare flags, presets, unknown keys with the closest suggestion, the --help screen,
+help notes read from a defaults block, and the one-line error convention. The commands'
+own uses are tested with them (tests/test_train.py, tests/test_experiments.py,
+tests/test_bench.py, tests/test_signal_cli.py)."""
+import pytest
+
+from nanospa.settings import (EXIT_BAD_INPUT, SettingsError, convert, fail, help_text, parse_settings,
+                              source_notes, wants_help)
+
+
+def test_settings_parser_types_and_presets():
+    defaults = dict(preset="a", lrs=(1e-3,), n=1, flag=False, name="x")
+    presets = dict(a=dict(n=2), b=dict(n=3, lrs=(5e-4,)))
+    s = parse_settings(["--n=7", "--preset=b", "--lrs=1e-3,3e-3", "--flag"], defaults, presets)
+    assert (s["n"], s["lrs"], s["flag"]) == (7, (1e-3, 3e-3), True)   # explicit beats preset
+    with pytest.raises(SettingsError, match="expected int"):
+        parse_settings(["--n=1.5"], defaults, presets)
+
+
+def test_values_take_the_type_of_the_default():
+    assert convert("lr", "1", 0.5) == 1.0 and isinstance(convert("lr", "1", 0.5), float)
+    assert convert("n", "3", 1) == 3
+    assert convert("name", "some file.txt", "x") == "some file.txt"      # a bare word is a string
+    assert convert("name", "'float64'", "x") == "float64"                # a quoted one too
+    assert convert("name", "3", "x") == "3"
+    assert convert("flag", "true", False) is True and convert("flag", "False", True) is False
+    assert convert("depths", "1,4,12", (), element=0) == (1, 4, 12)
+    assert convert("lrs", "(1e-3, 3e-3)", (1e-3,)) == (1e-3, 3e-3)
+    assert convert("names", "a,b", ("x",)) == ("a", "b")
+    for key, raw, default in [("n", "2.5", 1), ("n", "True", 1), ("lr", "fast", 0.5), ("flag", "1", False),
+                              ("lrs", "1e-3,fast", (1e-3,))]:
+        with pytest.raises(SettingsError, match=f"^--{key}={raw}: expected "):
+            convert(key, raw, default)
+
+
+def test_explicit_keys_are_reported_and_defaults_are_not_changed():
+    defaults = dict(n=1, m=2)
+    s = parse_settings(["--m=5"], defaults)
+    assert s == dict(n=1, m=5, _explicit={"m"}) and defaults == dict(n=1, m=2)
+
+
+def test_preset_applies_first_wherever_it_stands():
+    defaults = dict(preset="", n=1, m=1)
+    presets = dict(big=dict(n=10, m=10))
+    for argv in (["--preset=big", "--n=2"], ["--n=2", "--preset=big"]):
+        s = parse_settings(argv, defaults, presets)
+        assert (s["n"], s["m"]) == (2, 10)
+    assert parse_settings(["--preset="], defaults, presets)["n"] == 1       # empty: no preset
+    with pytest.raises(SettingsError, match="^unknown preset 'tpu'; presets: big$"):
+        parse_settings(["--preset=tpu"], defaults, presets)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--n_layers=3"], "unknown setting --n_layers; did you mean --n_layer?"),
+    (["--zzz=3"], "unknown setting --zzz; --help lists the keys"),
+    (["--n_layer"], "--n_layer needs a value: --n_layer=VALUE"),
+    (["n_layer=3"], "unexpected argument 'n_layer=3': settings look like --key=value"),
+    (["--=3"], "unexpected argument '--=3': settings look like --key=value"),
+])
+def test_bad_arguments_name_the_problem(argv, message):
+    with pytest.raises(SettingsError) as e:
+        parse_settings(argv, dict(n_layer=12, flag=False))
+    assert str(e.value) == message
+
+
+def test_wants_help():
+    assert wants_help(["--n=1", "--help"]) and wants_help(["-h"]) and wants_help(["help"])
+    assert not wants_help(["--n=1"]) and not wants_help([])
+
+
+def test_help_lists_every_key_with_its_default_and_note_in_one_column():
+    text = help_text("title line", dict(preset="a", lrs=(1e-3, 3e-3), name="x", n=1),
+                     dict(lrs="the grid", n="a count"), dict(a=dict(n=2)))
+    lines = text.splitlines()
+    assert lines[:3] == ["title line", "", "settings (--key=value):"]
+    assert lines[3:7] == ["  --preset='a'", "  --lrs=0.001,0.003  the grid", "  --name='x'",
+                          "  --n=1              a count"]
+    assert lines[7] == "preset a: n=2"
+
+
+def test_source_notes_read_the_comments_of_a_defaults_block(tmp_path):
+    path = tmp_path / "defaults.py"
+    path.write_text('DEFAULTS = dict(\n    out_dir="out",   # folder for the outputs\n    seed=0,\n)\n'
+                    "class Config:\n    width: int = 8   # model width (C)\n    out_dir: str = ''  # not this one\n"
+                    "TOP = 1  # top-level names are not settings\n", encoding="utf-8")
+    assert source_notes(path) == dict(out_dir="folder for the outputs", width="model width (C)")
+
+
+def test_fail_prints_one_line_and_returns_the_bad_input_status(capsys):
+    assert fail(ValueError("two\n   lines")) == EXIT_BAD_INPUT == 2
+    assert capsys.readouterr().err == "error: two lines\n"
