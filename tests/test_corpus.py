@@ -154,6 +154,26 @@ def test_path_cache_rebuilt_when_source_changes(tmp_path):
     assert bytes(new.train) + bytes(new.val) == b"new, longer text here\n"
 
 
+def test_cache_root_argument_then_env_then_home(tmp_path, monkeypatch):
+    assert corpus.cache_root(tmp_path / "x") == tmp_path / "x"
+    assert corpus.cache_root() == corpus.cache_root("") == tmp_path / "cache"    # env
+    monkeypatch.delenv("NANOSPA_CACHE")
+    assert corpus.cache_root() == pathlib.Path.home() / ".cache" / "nanospa"
+
+
+def test_atomic_write_replaces_only_on_success(tmp_path):
+    d = tmp_path / "d"
+    dest = write(d / "f.bin", b"old")
+    with pytest.raises(RuntimeError, match="interrupted"):
+        with corpus.atomic_write(dest) as f:
+            f.write(b"half")
+            raise RuntimeError("interrupted")
+    assert dest.read_bytes() == b"old" and [p.name for p in d.iterdir()] == ["f.bin"]
+    with corpus.atomic_write(dest) as f:
+        f.write(b"new")
+    assert dest.read_bytes() == b"new" and [p.name for p in d.iterdir()] == ["f.bin"]
+
+
 # ----------------------------------------------------------------------------- errors
 
 def test_missing_empty_and_non_utf8_files(tmp_path):

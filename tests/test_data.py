@@ -18,6 +18,7 @@ import pytest
 
 import data
 from data import DataError, load_dataset
+from nanospa import corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -165,6 +166,12 @@ def test_cli_summary_and_errors(tmp_path, capsys):
     assert err.startswith("error: no such file") and "\n" not in err
     assert data.main(["--bogus=1"]) == 2
 
+
+def test_cli_help_lists_the_specs(capsys):
+    assert data.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("python data.py [--data=SPEC]") and corpus.SPECS.rstrip() in out
+    assert all(name in corpus.SPECS for name in corpus.NAMED + ("PATH",))
 
 def test_cli_subprocess_exits_2_without_traceback(tmp_path):
     r = subprocess.run([sys.executable, "data.py", f"--data={tmp_path / 'missing.txt'}"],
