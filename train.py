@@ -12,11 +12,13 @@ Files in out_dir:
              statistics of docs/method.md §13 on a fixed batch: cos[l] (mean off-diagonal
              cosine of the hidden states, l = 0..L) and q[l] (mean q-value). iter 0 is the
              model at init (train_loss there is the eval estimate; no step was taken).
-  ckpt.npz   the latest checkpoint: model and AdamW state, settings and GPTConfig as JSON,
-             iteration, RNG state, best val loss. Written to a temporary file, fsynced and
-             renamed, so a kill at any moment leaves the previous one loadable. No pickles.
+  ckpt.npz   the latest checkpoint (model and AdamW state, settings, GPTConfig, iteration,
+             RNG state, best val loss), written atomically: see nanospa/checkpoint.py.
 Exit status: 0 done, 1 training diverged, 2 bad settings or data, 130 interrupted (Ctrl-C
 saves a checkpoint first; a second Ctrl-C stops at once).
+
+Not here: the --key=value parser (nanospa/settings.py), the checkpoint file's format and its
+checks (nanospa/checkpoint.py), the experiments' compact training runs (nanospa/experiments).
 """
 import os
 
@@ -27,14 +29,11 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import difflib
 import json
 import math
-import re
 import signal
 import sys
 import time
-import zipfile
 from dataclasses import fields
 
 import numpy as np
@@ -43,9 +42,11 @@ from tqdm import tqdm
 from data import VOCAB_SIZE, DataError, check_length, decode, encode, get_batch, load_dataset, unigram_entropy
 from nanospa import backend
 from nanospa.backend import DeviceError
-from nanospa.settings import SettingsError, convert as settings_convert
+from nanospa.checkpoint import (CheckpointError, check_same_model, load_checkpoint, restore, save_checkpoint,
+                                training_state)
 from nanospa.model import GPT, GPTConfig
 from nanospa.optim import AdamW, clip_grad_norm, cosine_lr
+from nanospa.settings import SettingsError, fail, help_text, parse_settings, source_notes, wants_help
 from nanospa.signal import kernel_matrix, mean_offdiag, normalised_kernel, q_values
 from nanospa.signal.predict import input_kernel, predict_kernels
 from nanospa.tensor import no_grad, sharded_backward
@@ -97,11 +98,12 @@ PRESETS = {  # --preset=NAME: applied first, so explicit --key=value settings wi
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]  # vocab_size: from the data
 DEFAULTS = {**TRAIN_DEFAULTS, **{f.name: f.default for f in fields(GPTConfig)
                                  if f.name in MODEL_KEYS and f.name not in TRAIN_DEFAULTS}}
-EVAL_SEED = 1234  # the fixed evaluation batches do not depend on --seed, so runs compare
-
-
-class ConfigError(ValueError):
-    """A bad setting; the message is one line and names it."""
+EVAL_SEED = 1234       # the fixed evaluation batches do not depend on --seed, so runs compare
+PROBE_ROWS = 4         # sequences of the fixed batch on which the signal statistics are measured
+MAX_AUTO_THREADS = 4   # --threads=0: one per core, at most this many (see cpu_threads)
+STAT_DECIMALS = 6      # log.jsonl keeps cos[l] and q[l] to this many decimals
+SHOWN_LAYERS = 12      # the printed statistics show about this many layers (log.jsonl has all)
+EXIT_DIVERGED, EXIT_INTERRUPTED = 1, 130   # and settings.EXIT_BAD_INPUT = 2
 
 
 class Diverged(RuntimeError):
@@ -110,37 +112,13 @@ class Diverged(RuntimeError):
 
 # ----------------------------------------------------------------------------- overrides
 
-def convert(key, raw, default):
-    """'--key=raw' -> a value of the default's type (ast.literal_eval; a bare word is a string).
-    The rules are nanospa's one settings converter, shared with the experiment commands."""
-    try:
-        return settings_convert(key, raw, default)
-    except SettingsError as e:
-        raise ConfigError(str(e)) from None
-
-
 def parse_args(argv, defaults):
-    """--key=value overrides on top of `defaults`; --preset=NAME is applied before the rest,
-    wherever it stands; a bare --flag sets a bool key to True."""
-    settings, pairs = dict(defaults), []
-    for arg in argv:
-        key, eq, raw = arg[2:].partition("=")
-        if not arg.startswith("--") or not key:
-            raise ConfigError(f"unexpected argument {arg!r}: settings look like --key=value")
-        if key not in settings:
-            close = difflib.get_close_matches(key, settings, n=1)
-            hint = f"; did you mean --{close[0]}?" if close else "; --help lists the keys"
-            raise ConfigError(f"unknown setting {key!r}{hint}")
-        if not eq and not isinstance(settings[key], bool):
-            raise ConfigError(f"--{key} needs a value: --{key}=VALUE")
-        pairs.append((key, raw if eq else "True"))
-    for key, raw in sorted(pairs, key=lambda kv: kv[0] != "preset"):  # stable: preset first
-        settings[key] = convert(key, raw, settings[key])
-        if key == "preset" and settings[key]:
-            if settings[key] not in PRESETS:
-                raise ConfigError(f"unknown preset {settings[key]!r}; presets: {', '.join(PRESETS)}")
-            settings.update(PRESETS[settings[key]])
-    return settings
+    """--key=value overrides on top of `defaults` by nanospa's one settings parser
+    (nanospa/settings.py): typed like the default, --preset=NAME first, a bare --flag for a
+    bool key; SettingsError names a bad one."""
+    s = parse_settings(argv, defaults, PRESETS)
+    del s["_explicit"]                                # not a setting: checkpoints store the rest
+    return s
 
 
 CHECKS = [  # settings GPTConfig does not check itself: (keys, test, what a good value is)
@@ -160,60 +138,15 @@ def check_settings(s):
     for keys, ok, what in CHECKS:
         for key in keys:
             if not ok(s[key]):
-                raise ConfigError(f"{key} must be {what}, got {s[key]!r}")
+                raise SettingsError(f"{key} must be {what}, got {s[key]!r}")
 
 
-def help_text():
-    """Every key with its default and the comment beside it (here, or in GPTConfig's source)."""
-    notes = {}
-    for path in (__file__, sys.modules[GPTConfig.__module__].__file__):
-        with open(path, encoding="utf-8") as f:
-            for key, note in re.findall(r"^\s+(\w+)(?::\s*\w+)?\s*=.*?#\s*(.+)$", f.read(), re.M):
-                notes.setdefault(key, note.strip())
-    notes.setdefault("mlp_ratio", "MLP hidden width = mlp_ratio * n_embd")   # GPTConfig has no comment
-    notes.setdefault("dtype", "float32 | float64: parameters and activations")  # for these two
-    lines = [__doc__.splitlines()[0], "", "settings (--key=value):"]
-    for key, value in DEFAULTS.items():
-        where = "" if key in TRAIN_DEFAULTS else " [GPTConfig]"
-        lines.append(f"  --{key}={value!r}".ljust(32) + f" {notes.get(key, '')}{where}")
-    lines.append("presets: " + "; ".join(f"{k}: {v}" for k, v in PRESETS.items()))
-    return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- checkpoint
-
-def save_checkpoint(path, model, optimizer, settings, cfg, state):
-    """Write an .npz atomically: temporary file in the same folder, fsync, os.replace."""
-    arrays = {f"model/{k}": v for k, v in model.state_dict().items()}
-    arrays.update({f"optim/{k}": v for k, v in optimizer.state_dict().items()})
-    for name, obj in (("settings", settings), ("config", cfg.to_dict()), ("state", state)):
-        arrays[name] = np.array(json.dumps(obj))                 # a 0-d unicode array, not a pickle
-    tmp = f"{path}.{os.getpid()}.tmp"                           # same folder: os.replace is atomic
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def load_checkpoint(path):
-    """-> dict(model=, optim=, settings=, config=, state=); ConfigError when missing or corrupted."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"--init_from=resume: no checkpoint at {path}")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-        ckpt = {name: json.loads(str(arrays.pop(name))) for name in ("settings", "config", "state")}
-    except (OSError, ValueError, KeyError, EOFError, TypeError, zipfile.BadZipFile) as e:
-        reason = " ".join(f"{type(e).__name__}: {e}".split())
-        raise ConfigError(f"checkpoint {path} is unreadable ({reason}); delete it or use --init_from=scratch") from None
-    for part in ("model", "optim"):
-        ckpt[part] = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(part + "/")}
-    return ckpt
+def usage():
+    """The --help screen: every key with its default and the comment beside it, here or in
+    GPTConfig's source (marked [GPTConfig])."""
+    notes = source_notes(__file__, sys.modules[GPTConfig.__module__].__file__)
+    notes = {k: notes.get(k, "") + ("" if k in TRAIN_DEFAULTS else " [GPTConfig]") for k in DEFAULTS}
+    return help_text(__doc__.splitlines()[0], DEFAULTS, notes, PRESETS)
 
 
 # ----------------------------------------------------------------------------- training
@@ -229,9 +162,7 @@ def train(argv):
         ckpt = load_checkpoint(ckpt_path)
         saved = {k: v for k, v in ckpt["settings"].items() if k in DEFAULTS}
         s = parse_args(argv, {**DEFAULTS, **saved, "out_dir": out_dir, "preset": ""})
-        changed = [f"{k}={s[k]!r} (checkpoint: {saved[k]!r})" for k in MODEL_KEYS if k in saved and s[k] != saved[k]]
-        if changed:
-            raise ConfigError("the model cannot change on resume: " + ", ".join(changed))
+        check_same_model(s, saved, MODEL_KEYS)
     check_settings(s)
     cfg = GPTConfig(vocab_size=VOCAB_SIZE, **{k: s[k] for k in MODEL_KEYS})  # ValueError names a bad field
     B, T = s["batch_size"], s["block_size"]
@@ -249,7 +180,7 @@ def train(argv):
     eval_rng = np.random.default_rng(EVAL_SEED)
     eval_sets = {split: [get_batch(tokens, B, T, eval_rng) for _ in range(s["eval_iters"])]
                  for split, tokens in (("train", ds.train), ("val", ds.val))}
-    probe = eval_sets["val"][0][0][:4]                # (b, T) fixed batch for the signal statistics
+    probe = eval_sets["val"][0][0][:PROBE_ROWS]       # (b, T) fixed batch for the signal statistics
 
     # -- model and init summary
     model = GPT(cfg, seed=s["seed"])                  # ValueError: e.g. an unreachable activation target
@@ -267,11 +198,9 @@ def train(argv):
     optimizer = AdamW(model.parameters(), lr=s["learning_rate"], betas=(s["beta1"], s["beta2"]),
                       weight_decay=s["weight_decay"])  # parameters marked no_decay are never decayed
     start, best_val, saved_iter = 0, math.inf, None
-    if ckpt:
-        optimizer.load_state_dict(ckpt["optim"])
-        rng.bit_generator.state = ckpt["state"]["rng"]
-        start, saved_iter = ckpt["state"]["iter"], ckpt["state"]["iter"]
-        best_val = ckpt["state"]["best_val_loss"] if ckpt["state"]["best_val_loss"] is not None else math.inf
+    if ckpt:                                          # exact resume: AdamW state, batch RNG, iter
+        start, best_val = restore(ckpt, optimizer, rng)
+        saved_iter = start
         print(f"resumed from {ckpt_path} at iter {start}")
 
     # -- get_lr: linear warm-up, then cosine decay to min_lr
@@ -345,15 +274,13 @@ def train(argv):
 
             # -- checkpoint
             if n % s["checkpoint_interval"] == 0 or n == s["max_iters"] or stop:
-                state = dict(iter=n, best_val_loss=best_val if best_val < math.inf else None,
-                             rng=rng.bit_generator.state, data_position=None)  # random windows: no position
-                save_checkpoint(ckpt_path, model, optimizer, s, cfg, state)
+                save_checkpoint(ckpt_path, model, optimizer, s, cfg, training_state(n, best_val, rng))
                 saved_iter = n
             if stop:
                 bar.close()
                 print(f"interrupted at iter {n}: checkpoint saved to {ckpt_path}; continue with "
                       f"python train.py --init_from=resume --out_dir={out_dir}", file=sys.stderr)
-                return 130
+                return EXIT_INTERRUPTED
     finally:
         bar.close()
         log.close()
@@ -374,19 +301,20 @@ def train(argv):
 # ----------------------------------------------------------------------------- helpers
 
 def cpu_threads(requested, batch_size):
-    """--threads: 0 means one per core this process may use, at most 4 (the Python work
+    """--threads: 0 means one per core this process may use, at most MAX_AUTO_THREADS (the Python work
     between NumPy calls holds the GIL, so many threads on small slices stop paying); never
     more threads than sequences in a batch."""
     if requested == 0:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        requested = min(cores, 4)
+        requested = min(cores, MAX_AUTO_THREADS)
     return min(requested, batch_size)
 
 
 def layer_stats(kernels):
     """Per-layer mean off-diagonal cosine and mean q-value of kernels Sigma_l (T, T)."""
     cos = [mean_offdiag(normalised_kernel(S)) if np.all(np.diag(S) > 0) else math.nan for S in kernels]
-    return dict(cos=[round(v, 6) for v in cos], q=[round(float(q_values(S).mean()), 6) for S in kernels])
+    return dict(cos=[round(v, STAT_DECIMALS) for v in cos],
+                q=[round(float(q_values(S).mean()), STAT_DECIMALS) for S in kernels])
 
 
 def predicted_stats(cfg, plan, probe):
@@ -398,8 +326,8 @@ def predicted_stats(cfg, plan, probe):
 
 
 def show(stats):
-    """Per-layer cos and q on one line, at most ~13 layers (log.jsonl has them all)."""
-    step = max(1, len(stats["cos"]) // 12)
+    """Per-layer cos and q on one line, about SHOWN_LAYERS layers (log.jsonl has them all)."""
+    step = max(1, len(stats["cos"]) // SHOWN_LAYERS)
     return (f"cos[0::{step}] " + " ".join(f"{v:.2f}" for v in stats["cos"][::step]) +
             f" | q[0::{step}] " + " ".join(f"{v:.2g}" for v in stats["q"][::step]))
 
@@ -426,21 +354,20 @@ def write(log, record):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "-h" in argv or "--help" in argv:
-        print(help_text())
+    if wants_help(argv):
+        print(usage())
         return 0
     threads = backend.threads()                       # train() sets its own; restored for callers
     try:
         return train(argv)
     except Diverged as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    except (ConfigError, DataError, DeviceError, ValueError) as e:
-        print("error: " + " ".join(str(e).split()), file=sys.stderr)   # one line
-        return 2
+        return EXIT_DIVERGED
+    except (SettingsError, CheckpointError, DataError, DeviceError, ValueError) as e:
+        return fail(e)                                # one line on stderr, exit status 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         backend.set_threads(threads)
 

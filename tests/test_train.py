@@ -1,5 +1,6 @@
 """train.py: settings, bad input, logging, checkpoints (atomic writes, exact resume, Ctrl-C),
-divergence, and the README's main command.
+divergence, and the README's main command. The checkpoint file's own functions are tested in
+tests/test_checkpoint.py, the settings parser's in tests/test_settings.py.
 
 Most runs call train.main([...]) in-process on a tiny model (2 layers, width 16, T = 16)
 and a small text file in tmp_path; a few run `python train.py` as a subprocess where the
@@ -18,8 +19,10 @@ import numpy as np
 import pytest
 
 import train
-from nanospa import backend
+from nanospa import backend, checkpoint
+from nanospa.checkpoint import load_checkpoint
 from nanospa.model import GPTConfig
+from nanospa.settings import SettingsError
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the model attention layer kernel signal deep network without shortcuts token "
@@ -79,7 +82,7 @@ def test_overrides_are_type_checked():
     assert s["activation"] == "relu" and s["dtype"] == "float64"
     assert train.parse_args(["--activation=3"], train.DEFAULTS)["activation"] == "3"  # GPTConfig rejects it
     for bad in ("--n_layer=2.5", "--n_layer=True", "--learning_rate=fast", "--eval_only=1"):
-        with pytest.raises(train.ConfigError, match=bad.split("=")[0]):
+        with pytest.raises(SettingsError, match=bad.split("=")[0]):
             train.parse_args([bad], train.DEFAULTS)
 
 
@@ -87,14 +90,14 @@ def test_preset_is_applied_before_explicit_overrides():
     s = train.parse_args(["--n_layer=4", "--preset=gpu"], train.DEFAULTS)
     assert s["n_layer"] == 4                           # explicit wins, whatever the order
     assert s["device"] == "cuda" and s["n_embd"] == train.PRESETS["gpu"]["n_embd"]
-    with pytest.raises(train.ConfigError, match="unknown preset 'tpu'"):
+    with pytest.raises(SettingsError, match="unknown preset 'tpu'"):
         train.parse_args(["--preset=tpu"], train.DEFAULTS)
 
 
 def test_unknown_key_suggests_the_closest(capsys):
     assert train.main(["--n_layers=3"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "error: unknown setting 'n_layers'; did you mean --n_layer?"
+    assert err.strip() == "error: unknown setting --n_layers; did you mean --n_layer?"
 
 
 def test_help_lists_every_key_with_default_and_meaning(capsys):
@@ -170,6 +173,23 @@ def test_resume_without_or_with_a_corrupted_checkpoint(tmp_path, text_file, caps
     assert run(tmp_path, text_file, "--init_from=resume") == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: checkpoint {tmp_path / 'out' / 'ckpt.npz'} is unreadable") and "\n" not in err
+
+
+def test_resume_from_an_incomplete_checkpoint_gives_one_line(tmp_path, text_file, capsys):
+    """A readable .npz without the batch generator's state: one line and status 2 (a
+    KeyError traceback before nanospa/checkpoint.py checked the entries)."""
+    assert run(tmp_path, text_file, "--max_iters=2") == 0
+    path = tmp_path / "out" / "ckpt.npz"
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    state = json.loads(str(arrays["state"]))
+    del state["rng"]
+    arrays["state"] = np.array(json.dumps(state))
+    np.savez(path, **arrays)
+    capsys.readouterr()
+    assert run(tmp_path, text_file, "--init_from=resume", "--max_iters=4") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: checkpoint {path} is incomplete (no state.rng); delete it or use --init_from=scratch"
 
 
 def test_model_cannot_change_on_resume(tmp_path, text_file, capsys):
@@ -282,15 +302,15 @@ def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(tmp_path, te
         Path(src).write_bytes(Path(src).read_bytes()[:100])   # and leaves a truncated temp file
         raise Killed
 
-    monkeypatch.setattr(train.os, "replace", killed)
+    monkeypatch.setattr(checkpoint.os, "replace", killed)
     with pytest.raises(Killed):
         run(tmp_path, text_file, "--max_iters=8", "--init_from=resume", "--checkpoint_interval=1")
     monkeypatch.undo()
     assert path.read_bytes() == before
-    assert train.load_checkpoint(str(path))["state"]["iter"] == 4
+    assert load_checkpoint(str(path))["state"]["iter"] == 4
     (tmp_path / "out" / "ckpt.npz.999.tmp").write_bytes(b"PK\x03\x04 truncated")  # a stray temp file
     assert run(tmp_path, text_file, "--max_iters=6", "--init_from=resume") == 0
-    assert train.load_checkpoint(str(path))["state"]["iter"] == 6
+    assert load_checkpoint(str(path))["state"]["iter"] == 6
 
 
 def test_non_finite_gradient_stops_and_keeps_the_last_good_checkpoint(tmp_path, text_file, capsys, monkeypatch):
@@ -306,7 +326,7 @@ def test_non_finite_gradient_stops_and_keeps_the_last_good_checkpoint(tmp_path, 
     path = tmp_path / "out" / "ckpt.npz"
     line = [x for x in err.splitlines() if x.startswith("error:")]
     assert len(line) == 1 and "iter 5" in line[0] and f"{path} (iter 4)" in line[0]
-    assert train.load_checkpoint(str(path))["state"]["iter"] == 4
+    assert load_checkpoint(str(path))["state"]["iter"] == 4
 
 
 def test_exploding_learning_rate_stops_cleanly(tmp_path, text_file):
@@ -331,7 +351,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, text_f
     _, err = p.communicate(timeout=30)
     assert p.returncode == 130, err[-2000:]
     assert f"checkpoint saved to {Path('out') / 'ckpt.npz'}" in err and "Traceback" not in err
-    k = train.load_checkpoint(str(tmp_path / "out" / "ckpt.npz"))["state"]["iter"]
+    k = load_checkpoint(str(tmp_path / "out" / "ckpt.npz"))["state"]["iter"]
     assert k >= 2
     assert train.main(args[2:] + [f"--out_dir={tmp_path / 'out'}", f"--max_iters={k + 3}",
                                   "--init_from=resume"]) == 0
