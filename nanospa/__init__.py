@@ -2,14 +2,15 @@
 on a hand-written NumPy/CuPy autograd.
 
 Reading order: backend -> tensor -> functions -> nn -> optim -> gradcheck -> signal/ ->
-init -> model. See README.md for the code map.
+config -> model. See README.md for the code map.
 """
 from . import backend
 from .tensor import Tensor, Function, no_grad, sharded_backward
-from . import functions
+from . import functions, shape_ops, fused
 from .nn import Module, Parameter
 from .optim import AdamW, SGD
 from . import signal
-from .model import GPT, GPTConfig
+from .config import GPTConfig
+from .model import GPT
 
 __version__ = "0.1.0"

@@ -1,7 +1,7 @@
-"""The GPT-style decoder in every variant the paper compares (docs/method.md §2, §4, §8).
+"""The GPT-style decoder in every variant the paper compares, and its initialisation
+(docs/method.md §2, §2.4, §4, §8).
 
-    GPTConfig   one dataclass, validated on construction
-    GPT         embedding (+ optional positions) -> L blocks -> optional final norm -> head
+    GPT     embedding (+ optional positions) -> L blocks -> optional final norm -> head
 
 A block is an attention sublayer then an MLP sublayer, combined as ``residual`` and
 ``norm`` say:
@@ -12,125 +12,40 @@ A block is an attention sublayer then an MLP sublayer, combined as ``residual`` 
     residual="standard", N, post     X' = N(X + MHA(X));          X_out = N(X' + MLP(X'))  (Post-LN)
     residual="normalised"            X' = a X + b MHA(N(X)),  a^2 + b^2 = 1 (b = residual_beta)
 
-Attention (per head h; B_l, D_l are fixed buffers computed by init.py from nanospa.signal):
+Attention (per head h; B_l, D_l are fixed buffers from nanospa.signal):
 
     softmax          P_h = softmax(Q_h K_h^T / sqrt(D) + causal mask)
     value_skipinit   A_h = alpha I + beta P_h        (alpha = 1, beta = 0 trainable)
     uspa / espa      A_h = diag(D_l) softmax(Q_h K_h^T / sqrt(D) + B_l + causal mask)
 
-This file does no signal-propagation maths: it adds stored biases, scales rows by a stored
-vector and calls the shaped activation whose parameters init.py chose.
+Initialisation, each in the constructor of the module it sets (method §2.4; [follow-up]:
+the paper's follow-up choice, [choice]: nanospa's documented choice):
+
+    W^V, W^O         independent random orthogonal matrices                 [follow-up]
+    W^Q              0 for E-SPA, U-SPA, Value-SkipInit (softmax: zero_query) [follow-up]
+    W^K, head        N(0, 1/d)                                              [choice]
+    B_l, D_l         signal.layer_bias: the closed forms of attn_bias.py     (method §7, §8)
+    alpha, beta      1 and 0 (Value-SkipInit), trainable                    [follow-up]
+    MLP W_1, W_2     orthogonal times max(sqrt(fan_out / fan_in), 1)         [choice, DKS/TAT]
+    phi_hat          signal.activation_transform (DKS / TAT)                 (docs/activations.md)
+    embeddings       N(0, sigma_e^2) tokens, positions of variance POS_VARIANCE (method §11)
+
+Which gamma_L, eta and policy the numbers follow is the kernel budget's choice,
+signal.make_plan (docs/kernel_budget.md). This file computes no signal-propagation maths:
+it stores what nanospa.signal computed, cast to the model's dtype and device. All random
+draws come from the model's seeded numpy.random.Generator, on the host, in a fixed order.
 Shapes: B batch, T time, C = n_embd, H heads, D = C / H head width, V vocabulary.
 """
-from dataclasses import asdict, dataclass, fields
+import math
 
 import numpy as np
 
 from . import backend
-from . import functions as F
-from . import init as spa_init
-from .nn import Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, DyT
+from . import fused
+from . import signal
+from .functions import Shaped
+from .nn import DyT, Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, orthogonal
 from .tensor import Tensor, no_grad
-
-ATTENTIONS = ("softmax", "value_skipinit", "uspa", "espa")
-BASE_ACTIVATIONS = ("relu", "gelu", "gelu_exact", "sigmoid", "tanh", "leaky_relu", "softplus",
-                    "elu", "swish", "linear")
-RESIDUALS = ("none", "standard", "normalised")
-NORMS = ("none", "layernorm", "rmsnorm", "dyt")
-NORM_POSITIONS = ("pre", "post")
-POSITIONS = ("none", "learned", "sinusoidal")
-DTYPES = ("float32", "float64")
-BUDGETS = spa_init.BUDGETS
-
-
-@dataclass
-class GPTConfig:
-    vocab_size: int = 256
-    block_size: int = 128          # maximum sequence length T; SPA buffers are built for it
-    n_layer: int = 12
-    n_head: int = 4
-    n_embd: int = 128
-    mlp_ratio: int = 4             # MLP hidden width = mlp_ratio * n_embd
-    attention: str = "espa"        # softmax | value_skipinit | uspa | espa
-    activation: str = "tat_lrelu"  # plain: relu, gelu, ...; shaped: dks_gelu, tat_lrelu, tat_gelu, ...
-    residual: str = "none"         # none | standard | normalised
-    residual_beta: float = 0.1     # branch weight b of a normalised residual (a = sqrt(1 - b^2))
-    norm: str = "none"             # none | layernorm | rmsnorm | dyt
-    norm_position: str = "pre"     # pre | post
-    final_norm: str = "auto"       # auto (a final norm when norm != none and residual != none) | yes | no
-    pos: str = "none"              # none | learned | sinusoidal
-    dtype: str = "float32"         # float32 | float64 (parameters and activations)
-    kernel_budget: str = "joint"   # how attention and MLPs share the kernel (docs/kernel_budget.md)
-    gamma_final: float = 0.0       # E-SPA final gamma_L; 0 = chosen by kernel_budget
-    rho_final: float = 0.8         # U-SPA final rho_L
-    final_corr: float = 0.0        # joint budget: adjacent corr. of the input-dependent last kernel; 0 = 0.4
-    zeta: float = 1.5              # DKS target max C'(1)
-    eta: float = 0.0               # TAT leaky-ReLU target C_f(0) of the MLP stack; 0 = chosen by kernel_budget
-    tau: float = 0.3               # TAT smooth target C''(1)
-    shaping_depth: int = 0         # nonlinear layers the activation is shaped for; 0 = n_layer
-    train_bias: bool = False       # make the SPA bias B_l trainable
-    zero_query: bool = False       # softmax attention: W^Q = 0 at init (uniform attention)
-    skipinit_per_head: bool = False  # Value-SkipInit: alpha, beta per head instead of per layer
-    bias: bool = False             # bias vectors in linear layers
-
-    def __post_init__(self):
-        def choice(name, allowed):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} is not one of {list(allowed)}")
-
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"GPTConfig.n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        choice("attention", ATTENTIONS)
-        choice("residual", RESIDUALS)
-        choice("norm", NORMS)
-        choice("norm_position", NORM_POSITIONS)
-        choice("final_norm", ("auto", "yes", "no"))
-        choice("pos", POSITIONS)
-        choice("dtype", DTYPES)
-        choice("kernel_budget", BUDGETS)
-        base, method = spa_init.split_activation(self.activation)
-        if base not in BASE_ACTIVATIONS:
-            allowed = list(BASE_ACTIVATIONS) + spa_init.shaped_names()
-            raise ValueError(f"GPTConfig.activation={self.activation!r} is not one of {allowed}")
-        if not 0.0 < self.residual_beta < 1.0:
-            raise ValueError(f"GPTConfig.residual_beta must be in (0, 1), got {self.residual_beta}")
-        if not 0.0 <= self.rho_final < 1.0:
-            raise ValueError(f"GPTConfig.rho_final must be in [0, 1), got {self.rho_final}")
-        if self.gamma_final < 0:
-            raise ValueError(f"GPTConfig.gamma_final must be > 0 (or 0 for the budget's choice), "
-                             f"got {self.gamma_final}")
-        if not 0.0 <= self.final_corr < 1.0:
-            raise ValueError(f"GPTConfig.final_corr must be in [0, 1), got {self.final_corr}")
-        if not 0.0 <= self.eta < 1.0:
-            raise ValueError(f"GPTConfig.eta must be in [0, 1) (0 = budget's choice), got {self.eta}")
-        if self.zeta <= 1.0:
-            raise ValueError(f"GPTConfig.zeta must be > 1, got {self.zeta}")
-        if self.tau <= 0.0:
-            raise ValueError(f"GPTConfig.tau must be > 0, got {self.tau}")
-        if self.shaping_depth < 0:
-            raise ValueError(f"GPTConfig.shaping_depth must be >= 0, got {self.shaping_depth}")
-
-    @property
-    def head_size(self):
-        return self.n_embd // self.n_head
-
-    @property
-    def uses_final_norm(self):
-        if self.final_norm == "auto":
-            return self.norm != "none" and self.residual != "none"
-        return self.final_norm == "yes"
-
-    def to_dict(self):
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d):
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def make_norm(cfg):
@@ -139,8 +54,36 @@ def make_norm(cfg):
     if cfg.norm == "rmsnorm":
         return RMSNorm(cfg.n_embd, dtype=cfg.dtype)
     if cfg.norm == "dyt":
-        return DyT(cfg.n_embd, dtype=cfg.dtype)
+        return DyT(cfg.n_embd, alpha=signal.DYT_ALPHA, dtype=cfg.dtype)
     return None
+
+
+def weight(matrix, dtype):
+    """A host float64 initial value as a device array of the model's dtype."""
+    return backend.asarray(matrix, dtype=dtype)
+
+
+class ShapedActivation:
+    """phi_hat(x) = output_scale * (phi(input_scale * x + input_shift) + output_shift), with
+    the parameters signal.activation_transform solved (a missing key skips its step; a
+    leaky ReLU takes negative_slope, LEAKY_RELU_SLOPE when plain). One fused op does the
+    whole map (functions.Shaped)."""
+
+    def __init__(self, spec):
+        t = signal.activation_transform(**spec)      # DKS / TAT: docs/activations.md
+        self.base, self.method, self.params = spec["activation"], t.method, dict(t.params)
+        p = self.params
+        self.options = dict(a=p.get("input_scale", 1.0), b=p.get("input_shift", 0.0),
+                            s=p.get("output_scale", 1.0), o=p.get("output_shift", 0.0))
+        if self.base == "leaky_relu":
+            self.options["slope"] = p.get("negative_slope", signal.LEAKY_RELU_SLOPE)
+
+    def __call__(self, x):
+        return Shaped.apply(x, base=self.base, **self.options)
+
+    def __repr__(self):
+        shown = ", ".join(f"{k}={v:.6g}" for k, v in self.params.items())
+        return f"{self.method if self.method != 'none' else 'plain'} {self.base}({shown})"
 
 
 class Attention(Module):
@@ -148,11 +91,26 @@ class Attention(Module):
         super().__init__()
         C, H, dt = cfg.n_embd, cfg.n_head, cfg.dtype
         self.n_head, self.kind = H, cfg.attention
-        self.q = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
+        self.q = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)      # each Linear draws N(0, 1/C)
         self.k = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
         self.v = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
         self.proj = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
-        spa_init.init_attention(self, cfg, layer, plan, rng)  # q/k/v/proj weights, B_l, D_l, alpha, beta
+        self.v.weight.data = weight(orthogonal(rng, C, C), dt)       # W^V orthogonal
+        self.proj.weight.data = weight(orthogonal(rng, C, C), dt)    # W^O orthogonal
+        if cfg.attention != "softmax" or cfg.zero_query:
+            self.q.weight.data = weight(np.zeros((C, C)), dt)        # W^Q = 0: A_l set by B_l, D_l
+        if cfg.attention in ("uspa", "espa"):
+            B, D = signal.layer_bias(plan, layer)                    # A_l = diag(D_l) softmax(B_l)
+            B = np.tril(B)  # above the diagonal the causal mask decides; keep B finite there
+            if cfg.train_bias:
+                self.B = Parameter(B, no_decay=True, dtype=dt)       # decaying a bias towards 0 is wrong
+            else:
+                self.register_buffer("B", weight(B, dt))
+            self.register_buffer("D", weight(D, dt))
+        elif cfg.attention == "value_skipinit":
+            shape = (H, 1, 1) if cfg.skipinit_per_head else (1,)
+            self.alpha = Parameter(np.ones(shape), no_decay=True, dtype=dt)
+            self.beta = Parameter(np.zeros(shape), no_decay=True, dtype=dt)
 
     def forward(self, x, record=None):
         B, T, C = x.shape
@@ -161,10 +119,10 @@ class Attention(Module):
         k = self.k(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)
         v = self.v(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)
         bias, causal = self.logit_bias(T)
-        P = F.softmax(q @ k.transpose(0, 1, 3, 2), bias, scale=1.0 / np.sqrt(D), causal=causal)  # (B, H, T, T)
+        P = fused.softmax(q @ k.transpose(0, 1, 3, 2), bias, scale=1.0 / math.sqrt(D), causal=causal)  # (B, H, T, T)
         y = P @ v                                                   # (B, H, T, D)
         if self.kind in ("uspa", "espa"):
-            y = y * Tensor(self.D[:T, None])                         # row i scaled by D_l[i]
+            y = signal.rescale(y, self.D)                           # row i scaled by D_l[i]
         elif self.kind == "value_skipinit":
             y = v * self.alpha + y * self.beta                       # (alpha I + beta P) V
         if record is not None:
@@ -183,41 +141,43 @@ class Attention(Module):
             return self.B[:T, :T], True
         cache = self.__dict__.get("_logit_bias")
         if cache is None or cache[0] is not self.B or cache[1].shape[-1] != T:
-            mask = F.causal_mask(backend.xp_of(self.B), T, self.B.dtype)
+            mask = fused.causal_mask(backend.xp_of(self.B), T, self.B.dtype)
             cache = self._logit_bias = (self.B, Tensor(self.B[:T, :T] + mask))
         return cache[1], False
 
     def effective_attention(self, P, T):
-        """The matrix that multiplies the values: D P (SPA), alpha I + beta P, or P."""
+        """The matrix that multiplies the values: diag(D) P (SPA), alpha I + beta P, or P."""
         xp = backend.xp_of(P)
         if self.kind in ("uspa", "espa"):
-            return P * self.D[:T, None]
+            return signal.rescale(P, self.D)
         if self.kind == "value_skipinit":
             return self.alpha.data * xp.eye(T, dtype=P.dtype) + self.beta.data * P
         return P
 
 
 class MLP(Module):
-    def __init__(self, cfg, plan, rng):
+    def __init__(self, cfg, act, rng):
         super().__init__()
-        C, M = cfg.n_embd, cfg.mlp_ratio * cfg.n_embd
-        self.fc = Linear(C, M, bias=cfg.bias, rng=rng, dtype=cfg.dtype)
-        self.proj = Linear(M, C, bias=cfg.bias, rng=rng, dtype=cfg.dtype)
-        self.act = plan.activation  # a spa_init.Activation: phi_hat(x) = s (phi(a x + b) + o)
-        spa_init.init_mlp(self, rng)
+        C, M, dt = cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, cfg.dtype
+        self.fc = Linear(C, M, bias=cfg.bias, rng=rng, dtype=dt)
+        self.proj = Linear(M, C, bias=cfg.bias, rng=rng, dtype=dt)
+        self.act = act                                              # phi_hat(x) = s (phi(a x + b) + o)
+        # orthogonal, scaled so that a wide layer keeps q: the DKS/TAT condition W W^T = I
+        self.fc.weight.data = weight(orthogonal(rng, C, M, max(math.sqrt(M / C), 1.0)), dt)
+        self.proj.weight.data = weight(orthogonal(rng, M, C, max(math.sqrt(C / M), 1.0)), dt)
 
     def forward(self, x):
         return self.proj(self.act(self.fc(x)))  # (B, T, C) -> (B, T, 4C) -> (B, T, C)
 
 
 class Block(Module):
-    def __init__(self, cfg, layer, plan, rng):
+    def __init__(self, cfg, layer, plan, act, rng):
         super().__init__()
         self.residual, self.position = cfg.residual, cfg.norm_position
         self.attn = Attention(cfg, layer, plan, rng)
-        self.mlp = MLP(cfg, plan, rng)
+        self.mlp = MLP(cfg, act, rng)
         self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
-        self.a = float(np.sqrt(1.0 - cfg.residual_beta ** 2))
+        self.a = math.sqrt(1.0 - cfg.residual_beta ** 2)
         self.b = float(cfg.residual_beta)
 
     def sublayer(self, x, f, norm, record=None, key=None):
@@ -241,7 +201,7 @@ class Block(Module):
 
 
 class Trace:
-    """What ``GPT.trace`` returns: host arrays, one entry per layer (see docs/api.md)."""
+    """What ``GPT.trace`` returns: host arrays, one entry per layer (see GPT.trace)."""
 
     def __init__(self):
         self.hidden, self.attn_out, self.attention = [], [], []
@@ -252,18 +212,23 @@ class GPT(Module):
         super().__init__()
         self.config = cfg
         rng = np.random.default_rng(seed)  # all init drawn on the host: same weights on CPU and GPU
-        self.plan = spa_init.model_plan(cfg)  # B_l, D_l, the shaped activation: signal maths, float64
+        self.plan = signal.make_plan(cfg)  # the kernel budget: schedule, activation targets (float64)
+        act = ShapedActivation(self.plan.activation)
         C, dt = cfg.n_embd, cfg.dtype
-        pos_var = spa_init.POS_VARIANCE if cfg.pos != "none" else 0.0
-        self.wte = Embedding(cfg.vocab_size, C, std=np.sqrt(1.0 - pos_var), rng=rng, dtype=dt)
+        self.wte = Embedding(cfg.vocab_size, C, std=math.sqrt(signal.token_variance(cfg.pos)), rng=rng, dtype=dt)
         self.wpe = None
         if cfg.pos == "learned":
-            self.wpe = Embedding(cfg.block_size, C, std=np.sqrt(pos_var), rng=rng, dtype=dt)
+            self.wpe = Embedding(cfg.block_size, C, std=math.sqrt(signal.POS_VARIANCE), rng=rng, dtype=dt)
         elif cfg.pos == "sinusoidal":
-            self.register_buffer("pe", backend.asarray(spa_init.sinusoidal(cfg.block_size, C), dtype=dt))
-        self.blocks = [Block(cfg, layer, self.plan, rng) for layer in range(1, cfg.n_layer + 1)]
+            self.register_buffer("pe", weight(signal.sinusoidal_encoding(cfg.block_size, C), dt))
+        self.blocks = [Block(cfg, layer, self.plan, act, rng) for layer in range(1, cfg.n_layer + 1)]
         self.ln_f = make_norm(cfg) if cfg.uses_final_norm else None
         self.head = Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
+
+    @property
+    def activation(self):
+        """The MLPs' shaped activation (shared by every block)."""
+        return self.blocks[0].mlp.act
 
     def embed(self, idx):
         B, T = idx.shape
@@ -291,7 +256,7 @@ class GPT(Module):
         if self.ln_f is not None:
             x = self.ln_f(x)
         logits = self.head(x)                               # (B, T, V)
-        loss = None if targets is None else F.cross_entropy(logits, _as_index(targets))
+        loss = None if targets is None else fused.cross_entropy(logits, _as_index(targets))
         return logits, loss
 
     def trace(self, idx):

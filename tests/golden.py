@@ -83,6 +83,11 @@ def plan_layers(plan, T):
     return [(layer["B"], layer["D"]) for layer in plan.layers]
 
 
+def plan_params(plan):
+    """The shaped activation's parameters of a plan, whatever its layout."""
+    return plan.params if hasattr(type(plan), "params") else plan.activation["params"]
+
+
 def budget_runs():
     from nanospa import GPTConfig, signal
     out = {}
@@ -97,7 +102,7 @@ def budget_runs():
         info = {k: v for k, v in plan.info.items() if isinstance(v, float)}
         out["/".join(case.values())] = dict(
             info=info, B=checksum([np.tril(B) for B, _ in layers]), D=checksum([D for _, D in layers]),
-            params=sorted((k, float(v)) for k, v in plan.activation["params"].items()))
+            params=sorted((k, float(v)) for k, v in plan_params(plan).items()))
     return out
 
 

@@ -19,13 +19,16 @@ statistics of every kernel shown and the mean off-diagonal at every depth), kern
 import datetime
 import sys
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 
 from . import runner
+from ..measure import measure_config, measured_model_kernels, token_batch
 from ..settings import help_text, parse_settings, wants_help
+from ..signal import make_plan, normalised_kernel
+from ..signal.table import attention_only_kernels, check_depths, predicted_kernels, summary
 
 NAME = "fig1"
 TITLE = "normalised kernels at init: standard attention collapses, U-SPA and E-SPA do not"
@@ -42,10 +45,12 @@ PRESETS = dict(tiny=dict(n_layer=4, block_size=8, width=32, batch=2, depths=(1, 
                quick=dict(n_layer=24, block_size=64, width=512, batch=4, depths=(1, 4, 12, 24)),
                full=dict(n_layer=36, block_size=128, width=1024, batch=4, depths=(1, 6, 18, 36)))
 COLLAPSED = 0.99   # mean off-diagonal of C above this: tokens are nearly copies of each other
+FIG1_KINDS = ("softmax", "uspa", "espa")
+PLOT_HINT = "pip install -e .[plot]  (or: pip install matplotlib)"
 
 
 def settings(argv):
-    from ..model import GPTConfig
+    from ..config import GPTConfig
     cfg_fields = {f.name: getattr(GPTConfig(), f.name) for f in fields(GPTConfig)
                   if f.name not in DEFAULTS and f.name not in ("n_embd", "attention", "dtype")}
     defaults = {**DEFAULTS, **PRESETS["quick"], **cfg_fields}
@@ -96,8 +101,71 @@ def markdown(result):
     return "\n".join(lines) + "\n"
 
 
+def figure1(cfg, depths=(), kinds=FIG1_KINDS, empirical=False, width=512, batch=4,
+            tokens="distinct", data="default", seed=0):
+    """Normalised kernels C_l at `depths` for each attention kind (cfg with attention
+    replaced; every other field as given). Returns dict(depths, T, kinds={kind: {label:
+    [C at each depth]}}, stats={kind: {label: [summary at each depth]}}, per_layer={kind:
+    {label: [C_mean for l = 0..L]}}) with labels "attention-only", "model, predicted"
+    and "model, measured" (with empirical=True)."""
+    depths = check_depths(depths, cfg.n_layer)
+    out = dict(depths=list(depths), T=cfg.block_size, kinds={}, stats={}, per_layer={})
+    idx = None
+    for kind in kinds:
+        c = replace(cfg, attention=kind)
+        if empirical:
+            c = measure_config(c, width)
+            if idx is None:
+                idx = token_batch(c, batch, tokens, data, seed)
+        plan = make_plan(c)
+        series = {"attention-only": attention_only_kernels(c, plan),
+                  "model, predicted": predicted_kernels(c, plan, idx)}
+        if empirical:
+            series["model, measured"] = measured_model_kernels(c, idx, seed)
+        out["kinds"][kind] = {k: [normalised_kernel(v[d]) for d in depths] for k, v in series.items()}
+        out["stats"][kind] = {k: [summary(v[d]) for d in depths] for k, v in series.items()}
+        out["per_layer"][kind] = {k: [summary(s)["C_mean"] for s in v] for k, v in series.items()}
+    return out
+
+
+def plot_heatmaps(fig1, path, title=""):
+    """Write the Figure-1-style grid (one row per kind and series, one column per depth) to
+    `path`. Returns True, or False after printing how to install matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"skipped {path}: matplotlib is not installed ({PLOT_HINT})")
+        return False
+    rows = [(kind, label) for kind, series in fig1["kinds"].items() for label in series]
+    depths = fig1["depths"]
+    width, height = 1.9 * len(depths) + 2.6, 1.9 * len(rows) + 0.9
+    fig, axes = plt.subplots(len(rows), len(depths), figsize=(width, height), squeeze=False)
+    fig.subplots_adjust(left=1.5 / width, right=1 - 1.0 / width, bottom=0.2 / height,
+                        top=1 - 0.75 / height, wspace=0.05, hspace=0.08)
+    im = None
+    for r, (kind, label) in enumerate(rows):
+        for c, d in enumerate(depths):
+            ax = axes[r][c]
+            im = ax.imshow(fig1["kinds"][kind][label][c], vmin=0.0, vmax=1.0, cmap="viridis",
+                           interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(f"depth {d}", fontsize=9)
+            if c == 0:
+                ax.set_ylabel(f"{runner.NAMES.get(kind, kind)}\n{label}", fontsize=8)
+    cax = fig.add_axes([1 - 0.8 / width, 0.3, 0.15 / width, 0.4])
+    fig.colorbar(im, cax=cax, label="normalised kernel C_l")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
+    return True
+
+
 def run(argv):
-    from ..signal.__main__ import figure1, plot_heatmaps
     if wants_help(argv):
         print(help_text(f"python -m nanospa.experiments fig1 [--key=value ...]: {TITLE}", DEFAULTS, NOTES, PRESETS)
               + "\nEvery GPTConfig field (activation, kernel_budget, ...) is a setting too.")

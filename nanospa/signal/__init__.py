@@ -1,22 +1,37 @@
-"""nanospa.signal: signal-propagation maths in float64 NumPy (docs/method.md §3-§10, §14).
+"""nanospa.signal: the signal-propagation maths of the paper in float64 NumPy (docs/method.md
+§3-§11, §14; docs/activations.md; docs/kernel_budget.md).
 
-kernels.py      kernels, rank-collapse measures, SPA targets and schedules
-cholesky.py     checked Cholesky, general transfer matrix, non-causal variant, checks
-attn_bias.py    E-SPA / U-SPA closed forms, log space, bias B and rescale D
-act_transform.py  Q/C maps and DKS/TAT activation transforms (docs/activations.md)
-predict.py      predicted kernels of a whole model at init, the input kernel of a sequence
-budget.py       the kernel-budget policies and make_plan (docs/kernel_budget.md)
+A self-contained library: no module here imports anything from nanospa outside signal/
+except the command line (__main__.py). Functions take the paper's quantities (T, L,
+gamma_l, rho_l, activation targets); a model configuration is read by duck typing, never
+imported. Reading order:
+
+kernels.py        kernels, rank-collapse measures, SPA targets and schedules (§3, §4, §6, §7)
+cholesky.py       checked Cholesky, the general transfer matrix, non-causal variant (§5, §9)
+attn_bias.py      E-SPA / U-SPA closed forms in log space, B_l and D_l, A = diag(D) softmax(B) (§6-§8)
+activations.py    the base activations and their derivatives
+qc_maps.py        quadrature and the Q/C maps of an activation (docs/activations.md §2, §8)
+act_transform.py  the DKS and TAT solvers (docs/activations.md §3-§6)
+inputs.py         the input kernel Sigma_0 and positional encodings (§11)
+maps.py           the wide-limit kernel map of each sublayer (§3.2, §10)
+predict.py        predicted kernels of a whole model at init (§2.2, §13)
+walks.py, budget.py  the kernel-budget policies and make_plan (docs/kernel_budget.md)
+table.py          the per-layer derivation that `python -m nanospa.signal` prints
 """
 from .kernels import (kernel_matrix, q_values, normalised_kernel, mean_offdiag, min_offdiag,
                       min_entry, effective_rank, kernel_stats, espa_kernel, uspa_kernel,
-                      espa_gammas, uspa_rhos, uniform_causal_attention,
+                      spa_kernel, espa_gammas, uspa_rhos, spa_schedule, uniform_causal_attention,
                       value_skipinit_attention)
 from .cholesky import (checked_cholesky, transfer_matrix, sym_sqrt, noncausal_attention,
                        check_attention)
 from .attn_bias import (espa_log_attention, espa_attention, espa_bias_and_rescale,
-                        uspa_attention, uspa_bias_and_rescale, spa_attention,
-                        log_attention_from, bias_and_rescale, spa_layer, spa_layers)
-from .act_transform import activation_transform, q_map, c_map, shaped_activation_names
-from .predict import (predict_kernels, input_kernel, sigma0_from_tokens, KernelPrediction,
-                      MLPMap, measured_kernels)
-from .budget import make_plan, BUDGETS, DEFAULT_BUDGET, Plan
+                        uspa_attention, uspa_bias_and_rescale, log_attention_from,
+                        bias_and_rescale, rescale, realise, spa_layer, spa_layers, spa_matrix,
+                        layer_bias)
+from .activations import LEAKY_RELU_SLOPE
+from .qc_maps import q_map, c_map
+from .act_transform import activation_transform, shaped_activation_names
+from .inputs import POS_VARIANCE, POSITIONS, input_kernel, sinusoidal_encoding, token_variance
+from .maps import DYT_ALPHA, MLPMap
+from .predict import predict_kernels, KernelPrediction
+from .budget import make_plan, split_activation, BUDGETS, DEFAULT_BUDGET, Plan

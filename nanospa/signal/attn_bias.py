@@ -20,8 +20,7 @@ Notation (docs/method.md §1, §7.2, §8)
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .cholesky import transfer_matrix
-from .kernels import check_T, espa_gammas, uspa_rhos
+from .kernels import SPA_KINDS, check_T, flush, spa_schedule
 
 
 def _check_order(name, value, prev, increasing):
@@ -173,11 +172,6 @@ def uspa_bias_and_rescale(T, rho, rho_prev, out=None):
 
 # ---------------------------------------------------------------- generic (method §5, §8)
 
-def spa_attention(Sigma_prev, Sigma_next):
-    """General SPA matrix chol(Sigma_next) chol(Sigma_prev)^-1 (= cholesky.transfer_matrix)."""
-    return transfer_matrix(Sigma_prev, Sigma_next)
-
-
 def log_attention_from(A, neg_rtol=1e-12):
     """log A of a non-negative lower-triangular (T, T) A, -inf above the diagonal and at
     exact zeros. Entries above the diagonal must be 0; entries in [-neg_rtol max|A|, 0)
@@ -195,9 +189,10 @@ def log_attention_from(A, neg_rtol=1e-12):
 
 
 def bias_and_rescale(logA):
-    """Split A = diag(D) softmax(B) (method §8): lse_i = logsumexp_j logA[i, j],
-    B = logA - lse (entries <= 0, -inf above the diagonal), D = exp(lse) (row sums).
-    Every row needs a finite entry (the diagonal of a SPA matrix always is)."""
+    """Split A = diag(D) softmax(B) (method §8) for a general log A: lse_i = logsumexp_j
+    logA[i, j], B = logA - lse (entries <= 0, -inf above the diagonal), D = exp(lse) (row
+    sums). Every row needs a finite entry (the diagonal of a SPA matrix always is). The
+    closed forms above do the same for E-SPA and U-SPA without a row reduction."""
     logA = np.asarray(logA, dtype=np.float64)
     m = logA.max(axis=1, keepdims=True)                         # (T, 1)
     if not np.all(np.isfinite(m)):
@@ -206,14 +201,34 @@ def bias_and_rescale(logA):
     return logA - lse, np.exp(lse[:, 0])
 
 
+def rescale(X, D):
+    """diag(D_l) X: row i (position i) of X scaled by D_l[i] (method §8). X: (..., T, k),
+    a float64 array, a device array or an engine Tensor (only `*` is used), T <= len(D);
+    D: (T_max,). The model applies it to its attention output D_l (P V), realise to P."""
+    return X * D[:X.shape[-2], None]
+
+
+def realise(B, D, T=None):
+    """A_l = diag(D_l) softmax(B_l) (method §8), (T, T) float64, for the first T positions
+    (T <= len(D); every quantity here is prefix consistent). The softmax runs over the
+    causal entries j <= i only, whatever B holds above the diagonal; entries below
+    kernels.TINY are flushed to 0."""
+    T = len(D) if T is None else T
+    logits = np.where(np.tri(T, dtype=bool), np.asarray(B, dtype=np.float64)[:T, :T], -np.inf)
+    with np.errstate(under="ignore"):
+        P = np.exp(logits - logits.max(axis=1, keepdims=True))
+    P /= P.sum(axis=1, keepdims=True)
+    return flush(rescale(P, np.asarray(D, dtype=np.float64)))
+
+
 # ---------------------------------------------------------------- per-layer build
 
 def spa_layer(kind, T, value, value_prev, with_logA=True, buffers=None, dtype=np.float64):
-    """One layer's {"logA", "B", "D"} for kind "espa" (value = gamma) or "uspa" (value =
-    rho); logA is None when with_logA=False. `buffers` is an optional dict of (T, T)
-    arrays {"logA", "B"} to fill, so a caller building many layers at large T does
-    not allocate each time. logA and B are computed in float64 and rounded once to
-    `dtype`; D stays float64."""
+    """One layer's {"logA", "B", "D"} for kind "espa" (value = gamma_l, value_prev =
+    gamma_{l-1}) or "uspa" (rho_l, rho_{l-1}), from the closed forms above; logA is None
+    when with_logA=False. `buffers` is an optional dict of (T, T) arrays {"logA", "B"} to
+    fill, so a caller building many layers at large T does not allocate each time. logA
+    and B are computed in float64 and rounded once to `dtype`; D stays float64."""
     buffers = buffers or {}
     if kind == "espa":
         logA = None
@@ -234,6 +249,31 @@ def spa_layer(kind, T, value, value_prev, with_logA=True, buffers=None, dtype=np
     raise ValueError(f"kind must be 'espa' or 'uspa', got {kind!r}")
 
 
+def spa_matrix(kind, T, value, value_prev):
+    """The attention-only SPA A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 of kind "espa" or
+    "uspa" in closed form, (T, T) float64, entries below kernels.TINY flushed to 0."""
+    if kind == "espa":
+        with np.errstate(under="ignore"):
+            return flush(np.exp(espa_log_attention(T, value, value_prev)))
+    if kind == "uspa":
+        return flush(np.maximum(uspa_attention(T, value, value_prev), 0.0))
+    raise ValueError(f"kind must be 'espa' or 'uspa', got {kind!r}")
+
+
+def layer_bias(plan, l, T=None):
+    """(B_l, D_l) of block l (1-based) of a kernel-budget plan (budget.make_plan), for the
+    first T positions (default plan.block_size): the closed form spa_layer along the plan's
+    schedule, or the plan's own (B_l, D_l) where its policy moved A_l off the schedule's
+    closed form (qpreserve, mlp_aware). The plan is read by duck typing (kind, schedule,
+    overrides, block_size). B: (T, T) float64, -inf above the diagonal; D: (T,)."""
+    T = plan.block_size if T is None else T
+    if plan.overrides is not None and plan.overrides[l - 1] is not None:
+        B, D = plan.overrides[l - 1]
+        return B[:T, :T], D[:T]
+    layer = spa_layer(plan.kind, T, plan.schedule[l], plan.schedule[l - 1], with_logA=False)
+    return layer["B"], layer["D"]
+
+
 def spa_layers(kind, T, n_layer, gamma_final=0.005, rho_final=0.8, with_logA=True,
                reuse_buffers=False, dtype=np.float64):
     """Yield, for l = 1..L, {"l", "logA", "B", "D", "gamma" or "rho"} along the default
@@ -243,12 +283,10 @@ def spa_layers(kind, T, n_layer, gamma_final=0.005, rho_final=0.8, with_logA=Tru
     layer: copy or cast them before advancing. Cost is dominated by writing the (T, T)
     outputs (memory bandwidth): about 45 ms per float64 matrix at T = 8192 on one core."""
     T = check_T(T)
-    if kind == "espa":
-        name, sched = "gamma", espa_gammas(n_layer, gamma_final)
-    elif kind == "uspa":
-        name, sched = "rho", uspa_rhos(n_layer, rho_final)
-    else:
+    if kind not in SPA_KINDS:
         raise ValueError(f"kind must be 'espa' or 'uspa', got {kind!r}")
+    name = "gamma" if kind == "espa" else "rho"
+    sched = spa_schedule(kind, n_layer, gamma_final if kind == "espa" else rho_final)
     buffers = None
     if reuse_buffers:
         buffers = {"B": np.empty((T, T), dtype)}

@@ -23,6 +23,8 @@ import operator
 
 import numpy as np
 
+TINY = 1e-250  # |entries| below this are flushed to 0: subnormal floats slow matrix products ~10x
+
 
 def check_T(T):
     """Return T as a Python int >= 1, or raise ValueError."""
@@ -33,6 +35,11 @@ def check_T(T):
     if T < 1:
         raise ValueError(f"T must be >= 1, got {T}")
     return T
+
+
+def flush(M):
+    """M with |entries| < TINY set to 0 (exp underflow of SPA biases gives subnormals)."""
+    return np.where(np.abs(M) < TINY, 0.0, M)
 
 
 # ---------------------------------------------------------------- empirical kernels
@@ -172,6 +179,27 @@ def uspa_rhos(n_layer, rho_final=0.8):
     rhos = np.concatenate([[0.0], -np.expm1(frac * np.log1p(-rho_final))])
     rhos[L] = rho_final
     return rhos
+
+
+SPA_KINDS = ("espa", "uspa")
+
+
+def _check_kind(kind):
+    if kind not in SPA_KINDS:
+        raise ValueError(f"kind must be one of {list(SPA_KINDS)}, got {kind!r}")
+
+
+def spa_kernel(kind, T, value):
+    """The SPA target Sigma_l of kind "espa" (value = gamma_l) or "uspa" (value = rho_l)."""
+    _check_kind(kind)
+    return espa_kernel(T, value) if kind == "espa" else uspa_kernel(T, value)
+
+
+def spa_schedule(kind, n_layer, final):
+    """[v_0, v_1, ..., v_L]: the E-SPA gammas (v_0 = inf) or U-SPA rhos (v_0 = 0) ending at
+    `final` (espa_gammas / uspa_rhos)."""
+    _check_kind(kind)
+    return espa_gammas(n_layer, final) if kind == "espa" else uspa_rhos(n_layer, final)
 
 
 # ---------------------------------------------------------------- standard attention at init

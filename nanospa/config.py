@@ -1,0 +1,112 @@
+"""GPTConfig: the one description of a model, validated on construction (docs/method.md §2).
+
+Every variant the paper compares is a value of a field: attention (softmax, Value-SkipInit,
+U-SPA, E-SPA), residual and norm arrangement, positions, the shaped activation and the
+kernel budget that shares the kernel between attention and MLPs (docs/kernel_budget.md).
+A bad field raises ValueError naming the field and the allowed values. Not here: building
+the model (model.py) and the signal-propagation numbers it is initialised with
+(nanospa/signal, read by duck typing from these fields).
+"""
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from .signal import BUDGETS, POSITIONS, shaped_activation_names, split_activation
+
+ATTENTIONS = ("softmax", "value_skipinit", "uspa", "espa")
+BASE_ACTIVATIONS = ("relu", "gelu", "gelu_exact", "sigmoid", "tanh", "leaky_relu", "softplus",
+                    "elu", "swish", "linear")
+RESIDUALS = ("none", "standard", "normalised")
+NORMS = ("none", "layernorm", "rmsnorm", "dyt")
+NORM_POSITIONS = ("pre", "post")
+DTYPES = ("float32", "float64")
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 256
+    block_size: int = 128          # maximum sequence length T; SPA buffers are built for it
+    n_layer: int = 12
+    n_head: int = 4
+    n_embd: int = 128
+    mlp_ratio: int = 4             # MLP hidden width = mlp_ratio * n_embd
+    attention: str = "espa"        # softmax | value_skipinit | uspa | espa
+    activation: str = "tat_lrelu"  # plain: relu, gelu, ...; shaped: dks_gelu, tat_lrelu, tat_gelu, ...
+    residual: str = "none"         # none | standard | normalised
+    residual_beta: float = 0.1     # branch weight b of a normalised residual (a = sqrt(1 - b^2))
+    norm: str = "none"             # none | layernorm | rmsnorm | dyt
+    norm_position: str = "pre"     # pre | post
+    final_norm: str = "auto"       # auto (a final norm when norm != none and residual != none) | yes | no
+    pos: str = "none"              # none | learned | sinusoidal
+    dtype: str = "float32"         # float32 | float64 (parameters and activations)
+    kernel_budget: str = "joint"   # how attention and MLPs share the kernel (docs/kernel_budget.md)
+    gamma_final: float = 0.0       # E-SPA final gamma_L; 0 = chosen by kernel_budget
+    rho_final: float = 0.8         # U-SPA final rho_L
+    final_corr: float = 0.0        # joint budget: adjacent corr. of the input-dependent last kernel; 0 = 0.4
+    zeta: float = 1.5              # DKS target max C'(1)
+    eta: float = 0.0               # TAT leaky-ReLU target C_f(0) of the MLP stack; 0 = chosen by kernel_budget
+    tau: float = 0.3               # TAT smooth target C''(1)
+    shaping_depth: int = 0         # nonlinear layers the activation is shaped for; 0 = n_layer
+    train_bias: bool = False       # make the SPA bias B_l trainable
+    zero_query: bool = False       # softmax attention: W^Q = 0 at init (uniform attention)
+    skipinit_per_head: bool = False  # Value-SkipInit: alpha, beta per head instead of per layer
+    bias: bool = False             # bias vectors in linear layers
+
+    def __post_init__(self):
+        def choice(name, allowed):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} is not one of {list(allowed)}")
+
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPTConfig.n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        choice("attention", ATTENTIONS)
+        choice("residual", RESIDUALS)
+        choice("norm", NORMS)
+        choice("norm_position", NORM_POSITIONS)
+        choice("final_norm", ("auto", "yes", "no"))
+        choice("pos", POSITIONS)
+        choice("dtype", DTYPES)
+        choice("kernel_budget", BUDGETS)
+        base, method = split_activation(self.activation)
+        if base not in BASE_ACTIVATIONS:
+            allowed = list(BASE_ACTIVATIONS) + sorted(shaped_activation_names)
+            raise ValueError(f"GPTConfig.activation={self.activation!r} is not one of {allowed}")
+        if not 0.0 < self.residual_beta < 1.0:
+            raise ValueError(f"GPTConfig.residual_beta must be in (0, 1), got {self.residual_beta}")
+        if not 0.0 <= self.rho_final < 1.0:
+            raise ValueError(f"GPTConfig.rho_final must be in [0, 1), got {self.rho_final}")
+        if self.gamma_final < 0:
+            raise ValueError(f"GPTConfig.gamma_final must be > 0 (or 0 for the budget's choice), "
+                             f"got {self.gamma_final}")
+        if not 0.0 <= self.final_corr < 1.0:
+            raise ValueError(f"GPTConfig.final_corr must be in [0, 1), got {self.final_corr}")
+        if not 0.0 <= self.eta < 1.0:
+            raise ValueError(f"GPTConfig.eta must be in [0, 1) (0 = budget's choice), got {self.eta}")
+        if self.zeta <= 1.0:
+            raise ValueError(f"GPTConfig.zeta must be > 1, got {self.zeta}")
+        if self.tau <= 0.0:
+            raise ValueError(f"GPTConfig.tau must be > 0, got {self.tau}")
+        if self.shaping_depth < 0:
+            raise ValueError(f"GPTConfig.shaping_depth must be >= 0, got {self.shaping_depth}")
+
+    @property
+    def head_size(self):
+        return self.n_embd // self.n_head
+
+    @property
+    def uses_final_norm(self):
+        if self.final_norm == "auto":
+            return self.norm != "none" and self.residual != "none"
+        return self.final_norm == "yes"
+
+    def to_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})

@@ -1,0 +1,163 @@
+"""Wide-limit kernel maps of the model's sublayers at initialisation (docs/method.md §2.2,
+§3.2, §10): what one attention sublayer, one MLP, one norm and one residual branch do to a
+(T, T) kernel Sigma when n_embd -> inf with the model's own initialisation.
+
+    attention_map          Sigma -> A Sigma A^T (heads sharing A, W^V W^O orthogonal)
+    softmax_attention_map  the mean field of causal softmax with random W^Q, W^K
+    MLPMap                 Sigma'_ij = E[phi_hat(u_i) phi_hat(u_j)], u ~ N(0, Sigma)
+    normalise, dyt_map     LayerNorm / RMSNorm (Sigma -> C) and DyT
+    BlockMaps              one configuration's residual and norm arrangement
+
+Not here: the input kernel (inputs.py), the walk through a whole model (predict.py), the
+attention matrices themselves (attn_bias.py) and the activation's parameters
+(act_transform.py). Everything is float64 NumPy. The model configuration is read by duck
+typing (its residual, residual_beta, norm, norm_position and uses_final_norm fields).
+"""
+import numpy as np
+
+from .act_transform import activation_transform
+from .kernels import flush, normalised_kernel, uniform_causal_attention
+from .qc_maps import LocalMaps
+
+DYT_ALPHA = 0.5             # DyT's initial alpha: DyT(x) = tanh(alpha x) at init (the model uses it)
+
+
+def attention_map(Sigma, A):
+    """A Sigma A^T: the kernel after an attention sublayer whose heads share A and whose
+    W^V W^O is orthogonal (method §3.2). Sigma, A: (T, T)."""
+    return flush(A @ Sigma @ A.T)
+
+
+def softmax_attention_map(Sigma, n_samples=32, seed=0):
+    """Mean-field kernel map of causal softmax attention with random W^Q, W^K ~ N(0, 1/d)
+    at init, estimated by Monte Carlo: in the wide limit the logits of one head are a
+    Gaussian matrix with Cov(l_ij, l_i'j') = Sigma_ii' Sigma_jj' (queries and keys are
+    independent Gaussian projections of the same tokens), so
+
+        Sigma' = E[P Sigma P^T],  P = softmax_causal(G),  G = chol(Sigma) Z chol(Sigma)^T
+
+    with Z a (T, T) standard normal matrix; averaging over the H heads of a wide layer
+    gives the expectation. n_samples = 0 returns the uniform-attention approximation
+    P = E[P] (exact with zero queries, and the mean of P when all q-values are equal).
+    The estimate is seeded (deterministic); its Monte Carlo error is O(n_samples^-1/2)
+    relative to the off-uniform part."""
+    T = Sigma.shape[0]
+    P0 = uniform_causal_attention(T)
+    if n_samples <= 0:
+        return attention_map(Sigma, P0)
+    rng = np.random.default_rng(seed)
+    w, V = np.linalg.eigh(Sigma)
+    root = V * np.sqrt(np.clip(w, 0.0, None))                  # root root^T = Sigma
+    mask = np.tril(np.ones((T, T), dtype=bool))
+    out = np.zeros_like(Sigma)
+    for _ in range(n_samples):
+        G = root @ rng.standard_normal((T, T)) @ root.T
+        G = np.where(mask, G, -np.inf)
+        G -= G.max(axis=1, keepdims=True)
+        P = np.exp(G)
+        P /= P.sum(axis=1, keepdims=True)
+        out += P @ Sigma @ P.T
+    return out / n_samples
+
+
+def normalise(Sigma):
+    """LayerNorm / RMSNorm in the wide limit: every token rescaled to q = 1 (Sigma -> C)."""
+    return normalised_kernel(Sigma)
+
+
+def dyt_map(Sigma, alpha=DYT_ALPHA):
+    """Kernel of DyT(x) = tanh(alpha x) (weight 1, bias 0 at init), u ~ N(0, Sigma)."""
+    maps = LocalMaps(lambda x: np.tanh(alpha * x))
+    return maps.kernel(Sigma)
+
+
+class MLPMap:
+    """The wide-limit kernel map of MLP(X) = phi_hat(X W_1) W_2 with the model's init
+    (W_1 W_1^T = m I, W_2 with orthonormal columns): Sigma' = E[phi_hat(u) phi_hat(u)^T],
+    u ~ N(0, Sigma), for any diagonal (method §10). activation: the arguments of
+    act_transform.activation_transform (a plan's `activation`). Also gives C(c) and its
+    inverse on unit-q kernels."""
+
+    def __init__(self, activation):
+        self.activation = dict(activation)
+        self.phi = activation_transform(**self.activation)
+        self.maps = None if self.is_identity else LocalMaps(self.phi)
+
+    @property
+    def is_identity(self):
+        return self.phi.activation == "identity"
+
+    def __call__(self, Sigma):
+        if self.maps is None:
+            return np.array(Sigma, dtype=np.float64, copy=True)
+        return self.maps.kernel(Sigma)
+
+    def Q1(self):
+        """Q(1), the q-value an MLP gives a q = 1 token (1 for shaped activations)."""
+        return 1.0 if self.maps is None else float(self.maps.Q(1.0))
+
+    def C(self, c):
+        return np.asarray(c, dtype=np.float64) if self.maps is None else self.maps.C(c)
+
+    def C_inverse(self, c):
+        """C^-1(c) elementwise for c in [C(-1), 1] by bisection (C is increasing);
+        entries below C(-1) raise ValueError."""
+        c = np.asarray(c, dtype=np.float64)
+        if self.maps is None:
+            return c.copy()
+        lo_val = float(self.C(-1.0))
+        if np.any(c < lo_val - 1e-12) or np.any(c > 1.0 + 1e-12):
+            raise ValueError(f"C^-1 needs c in [{lo_val:.4g}, 1], got [{c.min():.4g}, {c.max():.4g}]")
+        lo, hi = np.full(c.shape, -1.0), np.ones(c.shape)
+        for _ in range(60):                                   # 2^-60 * 2: below float64 rounding
+            mid = 0.5 * (lo + hi)
+            below = self.C(mid) < c
+            lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+        return 0.5 * (lo + hi)
+
+
+class BlockMaps:
+    """The wide-limit maps of one model configuration's sublayers (method §2.2):
+
+        residual none        X' = f(N(X))
+        residual standard    X' = X + f(N(X))          (pre)   N(X + f(X)) (post)
+        residual normalised  X' = a X + b f(N(X)),  a^2 + b^2 = 1
+
+    applied to kernels: sublayer(Sigma, f) -> (branch kernel, combined kernel). The cross
+    terms of a residual vanish because W^O and W_2 are random orthogonal matrices
+    independent of X."""
+
+    def __init__(self, cfg, activation):
+        self.cfg = cfg
+        self.mlp_map = MLPMap(activation)
+        self.a2 = 1.0 - cfg.residual_beta ** 2
+        self.b2 = cfg.residual_beta ** 2
+
+    def norm(self, Sigma):
+        if self.cfg.norm in ("layernorm", "rmsnorm"):
+            return normalise(Sigma)
+        if self.cfg.norm == "dyt":
+            return dyt_map(Sigma)
+        return Sigma
+
+    def branch_input(self, Sigma):
+        return self.norm(Sigma) if self.cfg.norm_position == "pre" else Sigma
+
+    def combine(self, Sigma_x, Sigma_h):
+        r = self.cfg.residual
+        if r == "standard":
+            out = Sigma_x + Sigma_h
+        elif r == "normalised":
+            out = self.a2 * Sigma_x + self.b2 * Sigma_h
+        else:
+            out = Sigma_h
+        if self.cfg.norm != "none" and self.cfg.norm_position == "post":
+            out = self.norm(out)
+        return out
+
+    def sublayer(self, Sigma, f):
+        h = f(self.branch_input(Sigma))
+        return h, self.combine(Sigma, h)
+
+    def final(self, Sigma):
+        return self.norm(Sigma) if self.cfg.uses_final_norm else Sigma
