@@ -44,7 +44,8 @@ from nanospa import backend
 from nanospa.backend import DeviceError
 from nanospa.checkpoint import (CheckpointError, check_same_model, load_checkpoint, restore, save_checkpoint,
                                 training_state)
-from nanospa.model import GPT, GPTConfig
+from nanospa.config import GPTConfig
+from nanospa.model import GPT
 from nanospa.optim import AdamW, clip_grad_norm, cosine_lr
 from nanospa.settings import SettingsError, fail, help_text, parse_settings, source_notes, wants_help
 from nanospa.signal import kernel_matrix, mean_offdiag, normalised_kernel, q_values

@@ -21,7 +21,7 @@ import pytest
 import train
 from nanospa import backend, checkpoint
 from nanospa.checkpoint import load_checkpoint
-from nanospa.model import GPTConfig
+from nanospa.config import GPTConfig
 from nanospa.settings import SettingsError
 
 ROOT = Path(__file__).resolve().parents[1]
