@@ -18,16 +18,17 @@ with the TAT leaky ReLU) and mlp_aware (with the DKS leaky ReLU, the activation 
 its pre-image is realisable; "independent_dks" is its control); vanilla standard attention
 (same MLPs, kernel budget joint: eta only); Pre-LN.
 """
-import json
-import math
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from . import runner
 from .runner import PRE_LN, Method
+from ..measure import measure_config, measured_kernels, token_batch
+from ..model import GPT
+from ..signal import kernel_stats, make_plan, normalised_kernel, predict_kernels
+from ..signal.table import predicted_kernels
 
 NAME = "budget"
 TITLE = "kernel budget: deep vanilla E-SPA with shaped MLPs under each budget policy"
@@ -72,7 +73,6 @@ def findings(result):
 # ------------------------------------------------------------------ the init check
 
 def _block_stats(K):
-    from ..signal.kernels import kernel_stats
     s = kernel_stats(K)
     return dict(q_min=s["q_min"], q_max=s["q_max"], C_mean=s["mean_offdiag"],
                 C_adj=s["adjacent_mean"], C_min=s["min_entry"])
@@ -85,27 +85,14 @@ def init_check(cfg, width, batch, tokens, seed=0):
     measured_text=[...], predicted_text=[...], errors={...}); stats per block l = 0..L are
     q_min, q_max, C_mean, C_adj, C_min; errors: the largest |predicted - measured| over
     blocks of C (entrywise, normalised kernels) and of q / q_pred - 1."""
-    from ..model import GPT
-    from ..signal.budget import make_plan
-    from ..signal.kernels import kernel_matrix, normalised_kernel
-    from ..signal.predict import input_kernel, predict_kernels
     plan = make_plan(cfg)
-    T, L = cfg.block_size, cfg.n_layer
-    pred = predict_kernels(cfg, plan=plan)
-    P = [pred.kernel(l) for l in range(L + 1)]
-    mcfg = replace(cfg, n_embd=width, dtype="float64")
+    mcfg = measure_config(cfg, width)
     model = GPT(mcfg, seed=seed)
-    rng = np.random.default_rng(seed)
-    distinct = np.stack([rng.permutation(cfg.vocab_size)[:T] for _ in range(batch)])
-    M = [kernel_matrix(h, mean=True) for h in model.trace(distinct).hidden]
+    distinct = token_batch(cfg, batch, "distinct", seed=seed)
     text = np.asarray(tokens[:batch], dtype=np.int64)
-    Mt = [kernel_matrix(h, mean=True) for h in model.trace(text).hidden]
-    Pt = None
-    for row in text:
-        pr = predict_kernels(cfg, sigma_0=input_kernel(tokens=row, pos=cfg.pos, n_embd=width), plan=plan)
-        ks = [pr.kernel(l) for l in range(L + 1)]
-        Pt = ks if Pt is None else [a + b for a, b in zip(Pt, ks)]
-    Pt = [k / len(text) for k in Pt]
+    pred = predict_kernels(mcfg, plan=plan)
+    P, Pt = [pred.kernel(l) for l in range(cfg.n_layer + 1)], predicted_kernels(mcfg, plan, text)
+    M, Mt = measured_kernels(model, distinct)["hidden"], measured_kernels(model, text)["hidden"]
 
     def errors(pred_k, meas_k):
         c = max(float(np.abs(normalised_kernel(a) - normalised_kernel(b)).max()) for a, b in zip(pred_k, meas_k))
