@@ -34,7 +34,7 @@ import numpy as np
 from .attn_bias import layer_bias, realise
 from .budget import make_plan
 from .inputs import input_kernel
-from .kernels import kernel_stats, spa_kernel, uniform_causal_attention
+from .kernels import kernel_stats, spa_kernel, uniform_causal_attention, value_skipinit_attention
 from .maps import BlockMaps, attention_map, softmax_attention_map
 
 SUBLAYERS = ("attn_branch", "attn", "mlp_branch", "mlp")
@@ -46,7 +46,7 @@ def effective_attention(cfg, plan, layer, T):
     if plan.kind is not None:
         return realise(*layer_bias(plan, layer, T))
     if cfg.attention == "value_skipinit":
-        return np.eye(T)                                      # alpha I + beta P, beta = 0
+        return value_skipinit_attention(T)                    # alpha I + beta P at init: I
     if cfg.zero_query:
         return uniform_causal_attention(T)
     return None
