@@ -10,7 +10,8 @@ numpy.random.Generator handed in, then moved to the current device by backend.as
 import numpy as np
 
 from . import backend
-from . import functions as F
+from .fused import LAYER_NORM_EPS, RMS_NORM_EPS, layer_norm, rms_norm
+from .shape_ops import embedding
 from .tensor import Tensor
 
 
@@ -138,28 +139,28 @@ class Embedding(Module):
         self.weight = Parameter(std * rng.standard_normal((n, dim)), dtype=dtype)
 
     def forward(self, idx):
-        return F.embedding(self.weight, idx)  # (B, T) -> (B, T, C)
+        return embedding(self.weight, idx)  # (B, T) -> (B, T, C)
 
 
 class LayerNorm(Module):
-    def __init__(self, dim, eps=1e-5, dtype="float32"):
+    def __init__(self, dim, eps=LAYER_NORM_EPS, dtype="float32"):
         super().__init__()
         self.eps = eps
         self.weight = Parameter(np.ones(dim), dtype=dtype, no_decay=True)
         self.bias = Parameter(np.zeros(dim), dtype=dtype, no_decay=True)
 
     def forward(self, x):
-        return F.layer_norm(x, self.weight, self.bias, self.eps)
+        return layer_norm(x, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(Module):
-    def __init__(self, dim, eps=1e-6, dtype="float32"):
+    def __init__(self, dim, eps=RMS_NORM_EPS, dtype="float32"):
         super().__init__()
         self.eps = eps
         self.weight = Parameter(np.ones(dim), dtype=dtype, no_decay=True)
 
     def forward(self, x):
-        return F.rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class DyT(Module):

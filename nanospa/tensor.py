@@ -2,9 +2,12 @@
 
 A Tensor wraps a NumPy or CuPy array (``.data``), its gradient (``.grad``, a raw array or
 None) and, when it was made by an op under autograd, the Function node that made it
-(``._ctx``). Each differentiable op is a small Function subclass in functions.py whose
-``forward`` and ``backward`` sit side by side and work on raw arrays of whichever module
-holds them (``ctx.xp``). First-order only.
+(``._ctx``). Each differentiable op is a small Function subclass whose ``forward`` and
+``backward`` sit side by side and work on raw arrays of whichever module holds them
+(``ctx.xp``): elementwise ops in functions.py, shape-changing ops in shape_ops.py, fused
+row-wise ops in fused.py. First-order only.
+
+Not here: any op's arithmetic (those three files), devices (backend.py), layers (nn.py).
 
 The graph is made of Function nodes, not of Tensors: a Function keeps, per input, the
 Function that made it, or the input itself when it is a leaf that requires grad (a
@@ -24,7 +27,9 @@ What happens in ``loss.backward()``:
      is freed as soon as it is used.
 
 Operator sugar (``+ - * / ** @``, indexing, ``.sum()``, ``.relu()`` ...) is written out
-below in terms of the Functions, one line each: no registration by reflection.
+below in terms of the Functions, one line each: no registration by reflection. It imports
+functions.py and shape_ops.py at the bottom of this file, the one import cycle of the
+engine (they need Function and Tensor from here); the fused ops have no sugar.
 """
 import contextlib
 import weakref
@@ -231,13 +236,13 @@ class Tensor:
     def __rtruediv__(self, o): return F.Div.apply(o, self)
     def __neg__(self): return F.Neg.apply(self)
     def __pow__(self, p): return F.Pow.apply(self, p=float(p))
-    def __matmul__(self, o): return F.MatMul.apply(self, o)
-    def __rmatmul__(self, o): return F.MatMul.apply(o, self)
-    def __getitem__(self, index): return F.GetItem.apply(self, index=index)
+    def __matmul__(self, o): return S.MatMul.apply(self, o)
+    def __rmatmul__(self, o): return S.MatMul.apply(o, self)
+    def __getitem__(self, index): return S.GetItem.apply(self, index=index)
 
-    def sum(self, axis=None, keepdims=False): return F.Sum.apply(self, axis=axis, keepdims=keepdims)
-    def mean(self, axis=None, keepdims=False): return F.Mean.apply(self, axis=axis, keepdims=keepdims)
-    def max(self, axis=None, keepdims=False): return F.Max.apply(self, axis=axis, keepdims=keepdims)
+    def sum(self, axis=None, keepdims=False): return S.Sum.apply(self, axis=axis, keepdims=keepdims)
+    def mean(self, axis=None, keepdims=False): return S.Mean.apply(self, axis=axis, keepdims=keepdims)
+    def max(self, axis=None, keepdims=False): return S.Max.apply(self, axis=axis, keepdims=keepdims)
     def exp(self): return F.Exp.apply(self)
     def log(self): return F.Log.apply(self)
     def sqrt(self): return F.Sqrt.apply(self)
@@ -249,12 +254,10 @@ class Tensor:
     def softplus(self): return F.Softplus.apply(self)
     def elu(self, alpha=1.0): return F.ELU.apply(self, alpha=float(alpha))
     def swish(self): return F.Swish.apply(self)
-    def reshape(self, *shape): return F.Reshape.apply(self, shape=_shape_arg(shape))
-    def transpose(self, *axes): return F.Transpose.apply(self, axes=_shape_arg(axes) or None)
+    def reshape(self, *shape): return S.Reshape.apply(self, shape=_shape_arg(shape))
+    def transpose(self, *axes): return S.Transpose.apply(self, axes=_shape_arg(axes) or None)
     permute = transpose
-    T = property(lambda self: F.Transpose.apply(self, axes=None))
-    def softmax(self, axis=-1): return F.Softmax.apply(self, axis=axis)
-    def log_softmax(self, axis=-1): return F.LogSoftmax.apply(self, axis=axis)
+    T = property(lambda self: S.Transpose.apply(self, axes=None))
 
 
 def sharded_backward(loss_fn, *batch, shards=None):
@@ -318,4 +321,5 @@ def _topological_order(root):
     return order
 
 
-from . import functions as F  # noqa: E402  (functions.py needs Tensor and Function defined above)
+from . import functions as F  # noqa: E402  (both need Tensor and Function defined above)
+from . import shape_ops as S  # noqa: E402

@@ -1,23 +1,90 @@
 """nanospa/functions.py: the elementwise primitives.
 
-The Shaped fast path (TAT's leaky ReLU as one select and one product) against the
-definition s (phi(a x + b) + o), with its full float64 Jacobian.
+Every op against float64 central differences (full Jacobian, random upstream gradient),
+float32 in -> float32 out (values and gradients), and the Shaped fast path (TAT's leaky
+ReLU as one select and one product) against the definition s (phi(a x + b) + o).
 """
 import numpy as np
 import pytest
 
 from nanospa import Tensor
 from nanospa import functions as F
-from nanospa.gradcheck import check_jacobian
+from nanospa.gradcheck import check_jacobian, tensor64
+
+R = np.random.default_rng(0)
 
 
-def normal(*shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape)
+def normal(*shape):
+    return R.standard_normal(shape)
 
 
 def away_from_zero(*shape):
-    x = normal(*shape)
-    return x + 0.2 * np.sign(x)  # finite differences (eps 1e-6) never cross the kink
+    """Values with |x| in [0.2, 2]: central differences never straddle a kink at 0."""
+    return np.sign(R.standard_normal(shape)) * R.uniform(0.2, 2.0, shape)
+
+
+def positive(*shape):
+    return R.uniform(0.5, 2.0, shape)
+
+
+COND = R.standard_normal((3, 4)) > 0
+
+# name -> (function of Tensors, input arrays)
+OPS = {
+    "add_broadcast": (lambda a, b: a + b, [normal(2, 3, 4), normal(3, 1)]),
+    "sub_broadcast": (lambda a, b: a - b, [normal(4), normal(2, 3, 4)]),
+    "mul_broadcast": (lambda a, b: a * b, [normal(2, 3, 4), normal(1, 3, 1)]),
+    "div": (lambda a, b: a / b, [normal(3, 4), positive(3, 4)]),
+    "neg": (lambda a: -a, [normal(3, 4)]),
+    "pow": (lambda a: a ** 2.5, [positive(3, 4)]),
+    "rsub_scalar": (lambda a: 2.0 - a * 3.0, [normal(3, 4)]),
+    "rdiv_scalar": (lambda a: 1.5 / a, [positive(3, 4)]),
+    "exp": (lambda a: a.exp(), [normal(3, 4)]),
+    "log": (lambda a: a.log(), [positive(3, 4)]),
+    "sqrt": (lambda a: a.sqrt(), [positive(3, 4)]),
+    "tanh": (lambda a: a.tanh(), [normal(3, 4)]),
+    "sigmoid": (lambda a: a.sigmoid(), [normal(3, 4) * 3]),
+    "relu": (lambda a: a.relu(), [away_from_zero(3, 4)]),
+    "leaky_relu": (lambda a: a.leaky_relu(0.2), [away_from_zero(3, 4)]),
+    "gelu_tanh": (lambda a: a.gelu("tanh"), [normal(3, 4) * 2]),
+    "gelu_exact": (lambda a: a.gelu("none"), [normal(3, 4) * 2]),
+    "softplus": (lambda a: a.softplus(), [normal(3, 4) * 3]),
+    "elu": (lambda a: a.elu(0.7), [away_from_zero(3, 4)]),
+    "swish": (lambda a: a.swish(), [normal(3, 4) * 2]),
+    "where": (lambda a, b: F.where(COND, a, b), [normal(3, 4), normal(4)]),
+    "masked_fill": (lambda a: F.masked_fill(a, COND, -7.0), [normal(3, 4)]),
+    "shaped_lrelu": (lambda a: F.Shaped.apply(a, base="leaky_relu", s=1.3, slope=0.35), [away_from_zero(3, 4)]),
+    "shaped_lrelu_shifted": (lambda a: F.Shaped.apply(a, base="leaky_relu", a=0.9, b=0.05, s=1.1, slope=0.2),
+                             [away_from_zero(3, 4)]),
+    "shaped_gelu": (lambda a: F.Shaped.apply(a, base="gelu", a=0.8, b=0.3, s=1.7, o=-0.2), [normal(3, 4)]),
+    "shaped_gelu_exact": (lambda a: F.Shaped.apply(a, base="gelu_exact", a=1.1, s=0.9), [normal(3, 4)]),
+    "shaped_tanh": (lambda a: F.Shaped.apply(a, base="tanh", a=0.5, b=-0.1, s=2.0, o=0.1), [normal(3, 4)]),
+    "shaped_sigmoid": (lambda a: F.Shaped.apply(a, base="sigmoid", a=1.5, s=3.0, o=-0.5), [normal(3, 4)]),
+    "shaped_relu": (lambda a: F.Shaped.apply(a, base="relu", s=1.4), [away_from_zero(3, 4)]),
+    "shaped_linear": (lambda a: F.Shaped.apply(a, base="linear", a=0.6, b=0.2, s=1.5, o=-0.3), [normal(3, 4)]),
+    "shaped_softplus_elu_swish": (lambda a: F.Shaped.apply(a, base="softplus", a=0.7)
+                                  + F.Shaped.apply(a, base="elu", s=1.2, b=0.05)
+                                  + F.Shaped.apply(a, base="swish", a=1.3, o=0.2), [away_from_zero(3, 4)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_op_full_jacobian(name):
+    fn, arrays = OPS[name]
+    inputs = [tensor64(a.copy()) for a in arrays]
+    err = check_jacobian(fn, inputs, rtol=1e-6)
+    assert err < 1e-6
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_op_float32_in_float32_out(name):
+    fn, arrays = OPS[name]
+    inputs = [Tensor(a.astype(np.float32), requires_grad=True) for a in arrays]
+    out = fn(*inputs)
+    assert out.dtype == np.float32, f"{name} promoted to {out.dtype}"
+    out.backward(np.ones(out.shape, dtype=np.float32))
+    for t in inputs:
+        assert t.grad is not None and t.grad.dtype == np.float32, name
 
 
 @pytest.mark.parametrize("base,opts", [("leaky_relu", dict(a=0.7, s=1.3, o=0.2, slope=0.3)),
@@ -41,3 +108,4 @@ def test_shaped_generic_path_still_used_with_a_shift():
     y = F.Shaped.apply(Tensor(x), base="leaky_relu", a=0.9, b=0.05, s=1.1, slope=0.2).data
     u = 0.9 * x + 0.05
     np.testing.assert_allclose(y, 1.1 * np.where(u > 0, u, 0.2 * u), rtol=1e-14)
+

@@ -1,14 +1,77 @@
-"""The fused primitives: softmax with scale, bias and causal mask (and its cached form).
+"""nanospa/fused.py: softmax (scale, bias, causal mask), log-softmax, cross-entropy,
+layernorm, rmsnorm.
+
+Every op against float64 central differences (full Jacobian, random upstream gradient),
+float32 in -> float32 out, the values against their definitions, and softmax with SPA's
+cached bias + mask against softmax with the bias and causal=True.
 """
 import numpy as np
+import pytest
 
 from nanospa import GPT, GPTConfig, Tensor
-from nanospa import functions as F
-from nanospa.gradcheck import check_jacobian
+from nanospa import fused
+from nanospa.gradcheck import check_jacobian, tensor64
+
+R = np.random.default_rng(0)
 
 
-def normal(*shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape)
+def normal(*shape):
+    return R.standard_normal(shape)
+
+
+TARGETS = np.array([0, 4, 2, 2, 1, 3])
+
+# name -> (function of Tensors, input arrays)
+OPS = {
+    "softmax": (lambda a: fused.softmax(a, axis=-1), [normal(2, 3, 5)]),
+    "softmax_axis0": (lambda a: fused.softmax(a, axis=0), [normal(4, 3)]),
+    "softmax_bias_causal_scale": (lambda a, b: fused.softmax(a, b, scale=0.6, causal=True),
+                                  [normal(2, 2, 5, 5), normal(5, 5)]),
+    "log_softmax": (lambda a: fused.log_softmax(a), [normal(3, 5)]),
+    "cross_entropy": (lambda a: fused.cross_entropy(a, TARGETS), [normal(6, 5) * 2]),
+    "cross_entropy_ignore": (lambda a: fused.cross_entropy(a, TARGETS, ignore_index=2), [normal(6, 5)]),
+    "cross_entropy_3d": (lambda a: fused.cross_entropy(a, TARGETS.reshape(2, 3)), [normal(2, 3, 5)]),
+    "layernorm": (lambda x, w, b: fused.layer_norm(x, w, b), [normal(2, 3, 6), normal(6), normal(6)]),
+    "rmsnorm": (lambda x, w: fused.rms_norm(x, w), [normal(2, 3, 6), normal(6)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_op_full_jacobian(name):
+    fn, arrays = OPS[name]
+    inputs = [tensor64(a.copy()) for a in arrays]
+    err = check_jacobian(fn, inputs, rtol=1e-6)
+    assert err < 1e-6
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_op_float32_in_float32_out(name):
+    fn, arrays = OPS[name]
+    inputs = [Tensor(a.astype(np.float32), requires_grad=True) for a in arrays]
+    out = fn(*inputs)
+    assert out.dtype == np.float32, f"{name} promoted to {out.dtype}"
+    out.backward(np.ones(out.shape, dtype=np.float32))
+    for t in inputs:
+        assert t.grad is not None and t.grad.dtype == np.float32, name
+
+
+def test_softmax_causal_rows_and_zeros():
+    x = Tensor(normal(2, 4, 4))
+    y = fused.softmax(x, causal=True).data
+    np.testing.assert_allclose(y.sum(-1), 1.0)
+    assert np.all(y[:, np.triu_indices(4, 1)[0], np.triu_indices(4, 1)[1]] == 0)
+
+
+def test_softmax_is_stable_for_large_logits():
+    y = fused.softmax(Tensor(np.array([[1000.0, 0.0, -1000.0]], dtype=np.float32))).data
+    assert np.all(np.isfinite(y)) and y[0, 0] == 1.0
+
+
+def test_cross_entropy_value():
+    logits = normal(6, 5)
+    got = fused.cross_entropy(Tensor(logits), TARGETS).item()
+    lse = np.log(np.exp(logits).sum(1))
+    np.testing.assert_allclose(got, np.mean(lse - logits[np.arange(6), TARGETS]), rtol=1e-12)
 
 
 def tiny(**kw):
@@ -23,13 +86,13 @@ def test_cached_bias_and_mask_is_softmax_with_bias_and_causal_mask():
     x = normal(2, 2, 6, 6)
     bias, causal = attn.logit_bias(6)
     assert not causal and bias is attn.logit_bias(6)[0]  # computed once per length
-    y = F.softmax(Tensor(x), bias, scale=0.3, causal=False).data
-    reference = F.softmax(Tensor(x), Tensor(attn.B[:6, :6]), scale=0.3, causal=True).data
+    y = fused.softmax(Tensor(x), bias, scale=0.3, causal=False).data
+    reference = fused.softmax(Tensor(x), Tensor(attn.B[:6, :6]), scale=0.3, causal=True).data
     np.testing.assert_allclose(y, reference, rtol=1e-13, atol=1e-300)
     model.load_state_dict(model.state_dict())  # a new B_l array: the cache must follow it
     assert attn.logit_bias(6)[0] is not bias
 
 
 def test_softmax_gradient_with_trainable_bias_and_scale():
-    x, b = Tensor(normal(2, 1, 5, 5), requires_grad=True), Tensor(normal(5, 5, seed=1), requires_grad=True)
-    assert check_jacobian(lambda u, v: F.softmax(u, v, scale=0.7, causal=False), [x, b], rtol=1e-6) < 1e-6
+    x, b = Tensor(normal(2, 1, 5, 5), requires_grad=True), Tensor(normal(5, 5), requires_grad=True)
+    assert check_jacobian(lambda u, v: fused.softmax(u, v, scale=0.7, causal=False), [x, b], rtol=1e-6) < 1e-6

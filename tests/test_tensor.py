@@ -1,12 +1,19 @@
-"""nanospa/tensor.py: the graph of Functions, backward, sharded_backward.
+"""nanospa/tensor.py: the graph of Functions, backward, no_grad, sharded_backward.
+
+Graph mechanics (no recursion limit, fan-out and repeated backward accumulate, the graph
+freed as it is used, unsaved intermediates freed before backward, shared gradient arrays
+never written in place), error messages, and data-parallel slices of a batch on worker
+threads giving the full batch's gradients.
 """
 import gc
+import sys
 import weakref
 
 import numpy as np
 import pytest
 
-from nanospa import GPT, GPTConfig, Tensor, backend
+from nanospa import GPT, GPTConfig, Tensor, backend, no_grad
+from nanospa.gradcheck import tensor64
 from nanospa.tensor import sharded_backward
 
 
@@ -26,6 +33,63 @@ def _perturbed(cfg):
     for p in model.parameters():  # move off init (W^Q = 0 there) so every path matters
         p.data = p.data + 0.3 * rng.standard_normal(p.shape)
     return model
+
+
+def test_long_chain_has_no_recursion_limit():
+    x = Tensor(np.ones(3), requires_grad=True)
+    y = x
+    n = max(10_000, 2 * sys.getrecursionlimit())
+    for _ in range(n):
+        y = y * 1.0001
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad, np.full(3, 1.0001 ** n), rtol=1e-9)
+
+
+def test_fan_out_accumulates():
+    x = tensor64([1.5, -2.0])
+    (x * x + x).sum().backward()
+    np.testing.assert_allclose(x.grad, 2 * np.array([1.5, -2.0]) + 1)
+
+
+def test_gradients_accumulate_across_backward_calls():
+    x = tensor64([1.0, 2.0])
+    (x * 3.0).sum().backward()
+    (x * 2.0).sum().backward()
+    np.testing.assert_allclose(x.grad, [5.0, 5.0])
+
+
+def test_graph_is_freed_after_backward():
+    x = Tensor(np.ones(3), requires_grad=True)
+    y = (x * 2.0).exp()
+    z = y.sum()
+    z.backward()
+    assert z._ctx is None and y._ctx is None
+
+
+def test_no_grad_records_nothing():
+    x = Tensor(np.ones(3), requires_grad=True)
+    with no_grad():
+        y = x * 2.0
+    assert not y.requires_grad and y._ctx is None
+
+
+def test_error_backward_non_scalar():
+    x = Tensor(np.ones(3), requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"non-scalar output of shape \(3,\)"):
+        (x * 2.0).backward()
+
+
+def test_error_backward_without_grad():
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        Tensor(np.ones(3)).sum().backward()
+
+
+def test_error_shape_mismatch_names_op_and_shapes():
+    a, b = Tensor(np.ones((2, 3))), Tensor(np.ones((4, 5)))
+    with pytest.raises(ValueError, match=r"MatMul.*\(2, 3\), \(4, 5\)"):
+        a @ b
+    with pytest.raises(ValueError, match=r"Add.*\(2, 3\), \(4, 5\)"):
+        a + b
 
 
 def test_unsaved_intermediates_are_freed_before_backward():

@@ -1,11 +1,11 @@
-"""NumPy vs CuPy parity: the same seed gives the same weights, outputs and gradients on the
-GPU as on the CPU, and each fused CuPy kernel of backend.py gives its NumPy path's result.
-Skipped cleanly where CuPy or a GPU is missing."""
+"""nanospa/backend.py on a GPU. NumPy vs CuPy parity: the same seed gives the same weights,
+outputs and gradients on the GPU as on the CPU, and each fused CuPy kernel of backend.py
+gives its NumPy path's result. Skipped cleanly where CuPy or a GPU is missing."""
 import numpy as np
 import pytest
 
 from nanospa import GPT, GPTConfig, Tensor, backend
-from nanospa import functions as F
+from nanospa import fused
 
 pytestmark = pytest.mark.skipif(not backend.cuda_available(), reason="CuPy with a GPU is not available")
 
@@ -62,9 +62,9 @@ def test_fused_ops_parity(name):
         xp = backend.use(device)
         X = Tensor(xp.asarray(x), requires_grad=True)
         W, B = Tensor(xp.asarray(w), requires_grad=True), Tensor(xp.asarray(b), requires_grad=True)
-        y = {"softmax": lambda: F.softmax(X, B, causal=True, scale=0.5).sum(),
-             "cross_entropy": lambda: F.cross_entropy(X, t),
-             "layernorm": lambda: (F.layer_norm(X, W, B) * X).sum(),
+        y = {"softmax": lambda: fused.softmax(X, B, causal=True, scale=0.5).sum(),
+             "cross_entropy": lambda: fused.cross_entropy(X, t),
+             "layernorm": lambda: (fused.layer_norm(X, W, B) * X).sum(),
              "gelu_exact": lambda: (X.gelu("none") * X).sum()}[name]()
         y.backward()
         outs.append((y.item(), backend.to_numpy(X.grad)))

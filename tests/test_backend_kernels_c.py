@@ -6,7 +6,8 @@ rules (inputs by value, outputs by reference, arrays broadcast together, the typ
 placeholder T one dtype for every argument that uses it), the backend is pointed at this
 stand-in, and each helper's GPU path is compared with its NumPy path. This catches a wrong
 body, a wrong argument order or an inconsistent dtype on any machine with a C compiler; it
-does not check CuPy itself (tests/test_cuda.py does, on a GPU). Skipped without a compiler.
+does not check CuPy itself (tests/test_backend_cuda.py does, on a GPU). Skipped without a
+compiler.
 """
 import ctypes
 import shutil

@@ -1,0 +1,190 @@
+"""The fused primitives: several steps over a row in one op, with a closed-form backward.
+
+Here: Softmax (with scale, additive bias and causal mask), LogSoftmax, CrossEntropy,
+LayerNorm and RMSNorm, the causal mask they use, and their functional spellings
+(softmax, log_softmax, cross_entropy, layer_norm, rms_norm). Each could be written as a
+chain of the primitives in functions.py and shape_ops.py; as one op, forward subtracts
+the row maximum (no overflow), saves only what its backward formula needs, and backward
+computes that formula directly, which is faster, uses less memory and is more accurate
+than back-propagating through the chain.
+
+Not here: single elementwise ops (functions.py) and reductions, products and indexing
+(shape_ops.py). Which bias attention adds (SPA's B_l, cached with the mask) is model.py's
+business; this file only adds what it is given.
+"""
+import math
+
+from . import backend
+from .tensor import Function, Tensor
+
+LAYER_NORM_EPS = 1e-5  # added to the variance: keeps 1/sqrt(var + eps) finite (PyTorch's default)
+RMS_NORM_EPS = 1e-6    # added to the mean square, likewise
+
+_MASKS = {}
+
+
+def causal_mask(xp, T, dtype):
+    """Additive (T, T) mask: 0 on and below the diagonal, -inf above it (the entries a causal
+    row cannot see). Cached per module, length and dtype: every layer asks for the same one."""
+    key = (xp.__name__, T, xp.dtype(dtype).str)
+    if key not in _MASKS:
+        _MASKS[key] = xp.triu(xp.full((T, T), -math.inf, dtype=dtype), k=1)
+    return _MASKS[key]
+
+
+class Softmax(Function):
+    """y = softmax(scale * x + bias) along ``axis``; with ``causal=True`` (last two axes
+    (T, T)) entries above the diagonal get probability 0. The bias is optional and
+    broadcasts (SPA's (T, T) matrix B_l, or B_l with the causal mask already added).
+    Backward: gz = y (g - sum(g y)), gx = scale gz, gbias = gz (summed by unbroadcast).
+    The elementwise steps are backend kernels: a few in-place NumPy passes on the CPU, one
+    fused pass each on the GPU."""
+
+    def forward(ctx, x, *bias, axis=-1, scale=1.0, causal=False):
+        xp = ctx.xp
+        bias = bias[0] if bias else None
+        if causal:
+            mask = causal_mask(xp, x.shape[-1], x.dtype)
+            bias = mask if bias is None else bias + mask
+        z = backend.scale_add(x, scale, bias)                   # z = scale x + bias, a new array
+        backend.exp_sub(z, z.max(axis=axis, keepdims=True))     # z <- exp(z - max z), in place
+        # z <- z / sum(z), in place; probabilities below sqrt(tiny) (1e-19 in float32) are set
+        # to 0. They are below the rounding error of any row sum or product they enter, but
+        # left in place they make subnormal numbers, and a CPU matrix product on subnormals
+        # runs ~10x slower. E-SPA's bias B_l makes many such entries (exp of -100 and below).
+        backend.div_flush(z, z.sum(axis=axis, keepdims=True), xp.finfo(z.dtype).tiny ** 0.5)
+        ctx.save(z)
+        ctx.axis, ctx.scale = axis, scale
+        return z
+
+    def backward(ctx, g):
+        (y,) = ctx.saved
+        gz = g * y
+        s = gz.sum(axis=ctx.axis, keepdims=True)
+        bias_grad = len(ctx.shapes) > 1 and ctx.needs_grad(1)
+        if bias_grad:
+            gz -= y * s                                          # gz = y (g - s) = gbias
+            return (gz * ctx.scale if ctx.scale != 1.0 else gz), gz
+        return backend.softmax_grad(y, g, s, ctx.scale, out=gz)  # gx = scale y (g - s)
+
+
+class LogSoftmax(Function):
+    """y = x - log(sum(exp(x))) along ``axis``. Backward: g - softmax(x) sum(g)."""
+
+    def forward(ctx, x, axis=-1):
+        xp = ctx.xp
+        m = x.max(axis=axis, keepdims=True)
+        out = x - m
+        out -= xp.log(xp.exp(out).sum(axis=axis, keepdims=True))
+        ctx.save(out)
+        ctx.axis = axis
+        return out
+
+    def backward(ctx, g):
+        (out,) = ctx.saved
+        return g - ctx.xp.exp(out) * g.sum(axis=ctx.axis, keepdims=True)
+
+
+class CrossEntropy(Function):
+    """Mean over tokens of -log softmax(logits)[target]; targets equal to ``ignore_index``
+    are left out of the mean. logits (N, V), targets (N,) integers.
+    Backward: (softmax(logits) - onehot(target)) / n_valid on the kept rows."""
+
+    def forward(ctx, logits, targets, ignore_index=None):
+        xp = ctx.xp
+        N = logits.shape[0]
+        if targets.shape != (N,):
+            raise ValueError(f"targets of shape {tuple(targets.shape)} do not match logits of shape "
+                             f"{tuple(logits.shape)}")
+        valid = None if ignore_index is None else targets != ignore_index
+        safe = targets if valid is None else xp.where(valid, targets, 0)
+        z = logits - logits.max(axis=1, keepdims=True)
+        lse = xp.log(xp.exp(z).sum(axis=1))
+        nll = lse - z[xp.arange(N), safe]
+        n = N if valid is None else int(valid.sum())
+        if valid is not None:
+            nll = nll * valid
+        ctx.save(z, lse, safe, valid)
+        ctx.n = max(n, 1)
+        return (nll.sum() / ctx.n).astype(logits.dtype)
+
+    def backward(ctx, g):
+        z, lse, safe, valid = ctx.saved
+        xp = ctx.xp
+        p = z - lse[:, None]
+        xp.exp(p, out=p)  # softmax, reusing z's shape without a second (N, V) buffer
+        p[xp.arange(p.shape[0]), safe] -= 1.0
+        if valid is not None:
+            p *= valid[:, None]
+        p *= g * (1.0 / ctx.n)
+        return p
+
+
+class LayerNorm(Function):
+    """y = (x - mean) / sqrt(var + eps) * w + b over the last axis.
+    Backward with xh = normalised x, gh = g w: gx = rstd (gh - mean(gh) - xh mean(gh xh))."""
+
+    def forward(ctx, x, w, b, eps=LAYER_NORM_EPS):
+        mu = x.mean(axis=-1, keepdims=True)
+        xc = x - mu
+        var = (xc * xc).mean(axis=-1, keepdims=True)
+        rstd = 1.0 / ctx.xp.sqrt(var + eps)
+        xh = xc * rstd
+        ctx.save(xh, rstd, w)
+        return xh * w + b
+
+    def backward(ctx, g):
+        xh, rstd, w = ctx.saved
+        C = xh.shape[-1]
+        gh = g * w
+        gx = gh - gh.mean(axis=-1, keepdims=True) - xh * (gh * xh).mean(axis=-1, keepdims=True)
+        gx *= rstd
+        g2 = g.reshape(-1, C)
+        return gx, (g2 * xh.reshape(-1, C)).sum(axis=0), g2.sum(axis=0)
+
+
+class RMSNorm(Function):
+    """y = x / sqrt(mean(x^2) + eps) * w over the last axis.
+    Backward with xh = x rstd, gh = g w: gx = rstd (gh - xh mean(gh xh))."""
+
+    def forward(ctx, x, w, eps=RMS_NORM_EPS):
+        rstd = 1.0 / ctx.xp.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+        xh = x * rstd
+        ctx.save(xh, rstd, w)
+        return xh * w
+
+    def backward(ctx, g):
+        xh, rstd, w = ctx.saved
+        C = xh.shape[-1]
+        gh = g * w
+        gx = (gh - xh * (gh * xh).mean(axis=-1, keepdims=True)) * rstd
+        return gx, (g.reshape(-1, C) * xh.reshape(-1, C)).sum(axis=0)
+
+
+# ---------------------------------------------------------------- functional spellings
+
+
+def softmax(x, bias=None, axis=-1, scale=1.0, causal=False):
+    args = (x,) if bias is None else (x, bias)
+    return Softmax.apply(*args, axis=axis, scale=float(scale), causal=causal)
+
+
+def log_softmax(x, axis=-1):
+    return LogSoftmax.apply(x, axis=axis)
+
+
+def cross_entropy(logits, targets, ignore_index=None):
+    """Mean cross-entropy; logits (..., V) and integer targets (...) are flattened."""
+    t = targets.data if isinstance(targets, Tensor) else targets
+    xp = backend.xp_of(logits.data)
+    t = xp.asarray(t).reshape(-1)
+    V = logits.shape[-1]
+    return CrossEntropy.apply(logits.reshape(-1, V), ignore_index=ignore_index, targets=t)
+
+
+def layer_norm(x, w, b, eps=LAYER_NORM_EPS):
+    return LayerNorm.apply(x, w, b, eps=eps)
+
+
+def rms_norm(x, w, eps=RMS_NORM_EPS):
+    return RMSNorm.apply(x, w, eps=eps)
