@@ -145,7 +145,8 @@ class Sigmoid(Function):
 
 
 class LeakyReLU(Function):
-    """max(x, 0) + slope * min(x, 0); slope = 0 is ReLU."""
+    """max(x, 0) + slope * min(x, 0); slope = 0 is ReLU. The slope has no default: a leaky
+    ReLU's slope is a model choice (nanospa.signal's LEAKY_RELU_SLOPE for the plain one)."""
 
     def forward(ctx, x, slope):
         pos = x > 0
@@ -250,16 +251,22 @@ BASE = {"relu": LeakyReLU, "leaky_relu": LeakyReLU, "gelu": GELU, "gelu_exact": 
 class Shaped(Function):
     """A shaped (DKS/TAT) activation in one op: y = s (phi(a x + b) + o), where phi is one of
     the base activations above (docs/activations.md §1). Backward: s a phi'(a x + b) g, by
-    the base op's own backward."""
+    the base op's own backward. ``slope`` is required with base="leaky_relu" and refused
+    with any other base ("relu" is the leaky ReLU of slope 0)."""
 
-    def forward(ctx, x, base, a=1.0, b=0.0, s=1.0, o=0.0, slope=0.0):
+    def forward(ctx, x, base, a=1.0, b=0.0, s=1.0, o=0.0, slope=None):
+        if (slope is None) == (base == "leaky_relu"):
+            raise ValueError(f"Shaped: slope={slope!r} with base {base!r} (a slope is needed "
+                             "for 'leaky_relu' and only there)")
+        if base == "relu":
+            slope = 0.0
         ctx.a, ctx.s = a, s
         if base in ("relu", "leaky_relu") and b == 0.0 and a > 0.0:
             # Fast path (TAT's leaky ReLU): phi is positively homogeneous, phi(a x) = a phi(x)
             # for a > 0, so y = s (phi(a x) + o) = x * (s a if x > 0 else s a slope) + s o, and
             # the backward is the same factor times g: one select and one product each way.
             k = s * a
-            ctx.factors = (k, k * (slope if base == "leaky_relu" else 0.0))
+            ctx.factors = (k, k * slope)
             pos = x > 0
             ctx.save(pos)
             y = backend.scale_where(x, pos, *ctx.factors)
@@ -272,7 +279,9 @@ class Shaped(Function):
             u = u + b
         inner = ctx.inner = BASE[base]()
         inner.xp = ctx.xp
-        options = {"slope": 0.0 if base == "relu" else slope} if inner.__class__ is LeakyReLU else {}
+        options = {}
+        if slope is not None:
+            options["slope"] = slope
         if base == "gelu_exact":
             options["approximate"] = "none"
         y = inner.forward(u, **options)

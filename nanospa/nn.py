@@ -165,9 +165,10 @@ class RMSNorm(Module):
 
 class DyT(Module):
     """Dynamic tanh, a normalisation-free replacement for LayerNorm: w * tanh(a x) + b with a
-    learnable scalar a (init 0.5)."""
+    learnable scalar a. Its initial value ``alpha`` has no default: it is a model choice
+    (nanospa.signal's DYT_ALPHA, which the signal-propagation predictions also use)."""
 
-    def __init__(self, dim, alpha=0.5, dtype="float32"):
+    def __init__(self, dim, alpha, dtype="float32"):
         super().__init__()
         self.alpha = Parameter(np.full((1,), alpha), dtype=dtype, no_decay=True)
         self.weight = Parameter(np.ones(dim), dtype=dtype, no_decay=True)

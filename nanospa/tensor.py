@@ -249,7 +249,7 @@ class Tensor:
     def tanh(self): return F.Tanh.apply(self)
     def sigmoid(self): return F.Sigmoid.apply(self)
     def relu(self): return F.LeakyReLU.apply(self, slope=0.0)
-    def leaky_relu(self, slope=0.01): return F.LeakyReLU.apply(self, slope=float(slope))
+    def leaky_relu(self, slope): return F.LeakyReLU.apply(self, slope=float(slope))
     def gelu(self, approximate="tanh"): return F.GELU.apply(self, approximate=approximate)
     def softplus(self): return F.Softplus.apply(self)
     def elu(self, alpha=1.0): return F.ELU.apply(self, alpha=float(alpha))

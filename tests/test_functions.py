@@ -1,8 +1,9 @@
 """nanospa/functions.py: the elementwise primitives.
 
 Every op against float64 central differences (full Jacobian, random upstream gradient),
-float32 in -> float32 out (values and gradients), and the Shaped fast path (TAT's leaky
-ReLU as one select and one product) against the definition s (phi(a x + b) + o).
+float32 in -> float32 out (values and gradients), the Shaped fast path (TAT's leaky ReLU
+as one select and one product) against the definition s (phi(a x + b) + o), and the
+leaky-ReLU slope as a required argument.
 """
 import numpy as np
 import pytest
@@ -109,3 +110,15 @@ def test_shaped_generic_path_still_used_with_a_shift():
     u = 0.9 * x + 0.05
     np.testing.assert_allclose(y, 1.1 * np.where(u > 0, u, 0.2 * u), rtol=1e-14)
 
+
+def test_leaky_relu_slope_is_required():
+    """The slope is a model choice (nanospa.signal defines the plain one): no default."""
+    x = Tensor(away_from_zero(3))
+    with pytest.raises(TypeError, match="slope"):
+        x.leaky_relu()
+    with pytest.raises(TypeError, match="slope"):
+        F.LeakyReLU.apply(x)
+    with pytest.raises(ValueError, match="a slope is needed for 'leaky_relu' and only there"):
+        F.Shaped.apply(x, base="leaky_relu", s=1.3)
+    with pytest.raises(ValueError, match="a slope is needed for 'leaky_relu' and only there"):
+        F.Shaped.apply(x, base="tanh", slope=0.2)

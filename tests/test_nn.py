@@ -1,5 +1,6 @@
 """nanospa/nn.py: modules (deterministic parameter order, state dicts that check every key,
-shape and dtype), the layers by directional float64 gradient check."""
+shape and dtype), the layers by directional float64 gradient check, DyT's required
+alpha."""
 import numpy as np
 import pytest
 
@@ -14,7 +15,7 @@ class Tiny(nn.Module):
         self.emb = nn.Embedding(7, 6, rng=rng, dtype=dtype)
         self.ln = nn.LayerNorm(6, dtype=dtype)
         self.rms = nn.RMSNorm(6, dtype=dtype)
-        self.dyt = nn.DyT(6, dtype=dtype)
+        self.dyt = nn.DyT(6, alpha=0.5, dtype=dtype)
         self.fc = nn.Linear(6, 5, bias=True, rng=rng, dtype=dtype)
         self.register_buffer("scale", np.full(5, 0.5, dtype=dtype))
 
@@ -54,4 +55,11 @@ def test_state_dict_roundtrip_and_errors():
         b.load_state_dict(bad)
     with pytest.raises(ValueError, match="missing keys \\['fc.bias'\\]"):
         b.load_state_dict({k: v for k, v in sd.items() if k != "fc.bias"})
+
+
+def test_dyt_alpha_is_required():
+    """DyT's initial alpha is a model choice (nanospa.signal's DYT_ALPHA): no default."""
+    with pytest.raises(TypeError, match="alpha"):
+        nn.DyT(6)
+    np.testing.assert_array_equal(nn.DyT(6, alpha=0.25, dtype="float64").alpha.data, [0.25])
 
