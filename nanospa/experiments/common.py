@@ -1,6 +1,14 @@
 """A compact training run for the experiment commands: the same steps as train.py (AdamW,
 linear warm-up then cosine decay, global-norm clipping), without checkpoints or progress
-bars, returning the loss history as plain numbers."""
+bars, returning the loss history as plain numbers.
+
+Not here: which runs to make and how to compare them (runner.py), writing results
+(report.py), checkpoints, logs and the command line of a single run (train.py).
+
+get_batch here draws window starts from [0, N - T - 1), one fewer than data.get_batch's
+[0, N - T): the recorded experiment results (results/) were made with this one, so it stays
+until they are rerun.
+"""
 import math
 import time
 
@@ -11,6 +19,10 @@ from ..model import GPT
 from ..optim import AdamW, clip_grad_norm, cosine_lr
 from ..tensor import no_grad
 
+EVAL_SEED = 12345         # the fixed evaluation batches: the same for every model and seed
+BETAS = (0.9, 0.95)       # AdamW betas, as train.py's defaults
+WARMUP_DIVISOR = 10       # warmup=None: steps // WARMUP_DIVISOR linear warm-up steps
+
 
 def get_batch(tokens, batch_size, block_size, rng):
     """Random windows of block_size + 1 tokens: inputs (B, T) and next-token targets (B, T)."""
@@ -19,7 +31,7 @@ def get_batch(tokens, batch_size, block_size, rng):
     return window[:, :-1], window[:, 1:]
 
 
-def evaluate(model, tokens, batch_size, block_size, n_batches, seed=12345):
+def evaluate(model, tokens, batch_size, block_size, n_batches, seed=EVAL_SEED):
     """Mean loss over n_batches fixed random batches (the same batches for every model)."""
     rng = np.random.default_rng(seed)
     losses = []
@@ -40,9 +52,9 @@ def train_run(cfg, train_tokens, val_tokens, *, steps, lr, batch_size=8, seed=0,
     diverged: True when a loss or gradient norm became non-finite (training stops there).
     """
     model = GPT(cfg, seed=seed)
-    opt = AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+    opt = AdamW(model.parameters(), lr=lr, betas=BETAS, weight_decay=weight_decay)
     rng = np.random.default_rng(seed + 1)
-    warmup = max(1, steps // 10) if warmup is None else warmup
+    warmup = max(1, steps // WARMUP_DIVISOR) if warmup is None else warmup
     T = cfg.block_size
     history, evals, diverged = [], [], False
     t0 = time.time()
