@@ -1,5 +1,7 @@
 """python -m nanospa.experiments NAME: every command runs end to end with the tiny preset and
-writes result.json, table.md and plot.png (the PNG only when matplotlib is installed)."""
+writes result.json, table.md and plot.png (the PNG only when matplotlib is installed). The
+runner's and the report's functions have their own tests (tests/test_experiments_runner.py,
+tests/test_experiments_report.py); the settings parser's are in tests/test_settings.py."""
 import json
 import math
 import os
@@ -10,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nanospa.experiments import runner
 from nanospa.experiments.__main__ import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,14 +83,6 @@ def test_fig1_tiny(tmp_path, capsys):
     assert "standard attention | attention-only" in table
     kernels = np.load(out / "kernels.npz")
     assert kernels["espa/model, measured/depth1"].shape == (8, 8)      # tiny preset: T = 8
-
-
-def test_best_rate_is_lowest_mean_and_ignores_diverged():
-    runs = [dict(lr=1e-3, final_train=3.0), dict(lr=1e-3, final_train=3.2),
-            dict(lr=3e-3, final_train=2.5), dict(lr=3e-3, final_train=math.nan)]
-    by_lr, best = runner.best_rate(runs, (1e-3, 3e-3))
-    assert by_lr[1e-3] == pytest.approx(3.1) and by_lr[3e-3] == math.inf and best == 1e-3
-    assert runner.best_rate([dict(lr=1e-3, final_train=math.nan)], (1e-3,))[1] is None
 
 
 def test_explicit_config_fields_apply_to_every_method(tmp_path, capsys):

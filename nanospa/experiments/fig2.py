@@ -9,7 +9,7 @@ budget of GPTConfig's defaults; Pre-LN uses learned positions, LayerNorm and GeL
 """
 import sys
 
-from . import runner
+from . import report, runner
 from .runner import NAMES, PRE_LN, VANILLA, Method
 
 NAME = "fig2"
@@ -20,6 +20,7 @@ PAPER = ("Figure 2 (WikiText-103, depth 36, 3 seeds): without the attention modi
          "token frequencies only). Value-SkipInit, U-SPA and E-SPA train, E-SPA best; the Pre-LN "
          "transformer (skips and LayerNorm) is still faster per step than every vanilla model.")
 VANILLA_KINDS = ("softmax", "value_skipinit", "uspa", "espa")
+EARLY = (0.25, 0.5)   # fractions of the run at which Pre-LN and E-SPA are also compared
 
 
 def methods(settings):
@@ -29,22 +30,22 @@ def methods(settings):
 
 
 def findings(result):
-    lines = [runner.loss_line(result, label) for label in result["methods"]]
-    order = runner.ranking(result, VANILLA_KINDS)
+    lines = [report.loss_line(result, label) for label in result["methods"]]
+    order = report.ranking(result, VANILLA_KINDS)
     if order:
         lines.append("vanilla models from best to worst: " + " < ".join(order)
                      + (" (E-SPA best, as in the paper)" if order[0] == "espa"
                         else f" (the paper has E-SPA best; here {order[0]} is)"))
-    pre, esp, sm = (runner.summary(result, k) for k in ("pre_ln", "espa", "softmax"))
+    pre, esp, sm = (report.summary(result, k) for k in ("pre_ln", "espa", "softmax"))
     if pre and esp and pre["best_lr"] and esp["best_lr"]:
         gap = esp["final_train"] - pre["final_train"]
         lines.append(f"E-SPA minus Pre-LN final train loss: {gap:+.3f} -> "
                      + ("Pre-LN ahead, as in the paper" if gap > 0 else
                         "E-SPA ahead of Pre-LN after the same steps (the paper has Pre-LN ahead)"))
-        for frac in (0.25, 0.5):
-            p, e = runner.loss_at(result, "pre_ln", frac), runner.loss_at(result, "espa", frac)
-            lines.append(f"training loss around {frac:.0%} of the run (10% window): Pre-LN {p:.3f}, "
-                         f"E-SPA {e:.3f} -> " + ("Pre-LN ahead" if p < e else "E-SPA ahead"))
+        for frac in EARLY:
+            p, e = report.loss_at(result, "pre_ln", frac), report.loss_at(result, "espa", frac)
+            lines.append(f"training loss around {frac:.0%} of the run ({report.LOSS_WINDOW:.0%} window): "
+                         f"Pre-LN {p:.3f}, E-SPA {e:.3f} -> " + ("Pre-LN ahead" if p < e else "E-SPA ahead"))
     if sm and esp and sm["best_lr"] and esp["best_lr"]:
         ok = sm["stalled"] and not esp["stalled"]
         lines.append("central contrast (standard attention stalls near unigram, E-SPA clearly below): "

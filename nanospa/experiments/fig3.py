@@ -11,7 +11,7 @@ the result comes from the residual branch and how much from the attention change
 """
 import sys
 
-from . import runner
+from . import report, runner
 from .runner import NAMES, PRE_LN, Method
 
 NAME = "fig3"
@@ -34,14 +34,14 @@ def methods(settings):
 
 
 def findings(result):
-    lines = [runner.loss_line(result, label) for label in result["methods"]]
-    pre = runner.summary(result, "pre_ln")
+    lines = [report.loss_line(result, label) for label in result["methods"]]
+    pre = report.summary(result, "pre_ln")
     if pre and pre["best_lr"]:
         for kind in ("value_skipinit", "uspa", "espa"):
-            m = runner.summary(result, kind + "+NR")
+            m = report.summary(result, kind + "+NR")
             if m and m["best_lr"]:
                 gap = m["final_train"] - pre["final_train"]
-                verdict = ("matches Pre-LN (within 0.05 nats)" if abs(gap) <= 0.05
+                verdict = (f"matches Pre-LN (within {report.MATCH_MARGIN} nats)" if abs(gap) <= report.MATCH_MARGIN
                            else "better than Pre-LN" if gap < 0 else "behind Pre-LN")
                 lines.append(f"{kind}+NR minus Pre-LN final train loss: {gap:+.3f}: {verdict}")
     return lines

@@ -10,7 +10,7 @@ own warm-up and cosine schedule over its own length.
 """
 import sys
 
-from . import runner
+from . import report, runner
 from .runner import PRE_LN, VANILLA, Method
 
 NAME = "longer"
@@ -38,8 +38,8 @@ def methods(settings):
 
 
 def findings(result):
-    lines = [runner.loss_line(result, label) for label in result["methods"]]
-    pre, short, long_ = (runner.summary(result, k) for k in ("pre_ln", "espa", "espa_long"))
+    lines = [report.loss_line(result, label) for label in result["methods"]]
+    pre, short, long_ = (report.summary(result, k) for k in ("pre_ln", "espa", "espa_long"))
     k = result["settings"]["factor"]
     if pre and short and long_ and pre["best_lr"] and short["best_lr"] and long_["best_lr"]:
         g1 = short["final_train"] - pre["final_train"]
@@ -49,8 +49,8 @@ def findings(result):
         if g1 <= 0:
             verdict = ("no gap to close at this scale: vanilla E-SPA is already level with or ahead of "
                        "Pre-LN after the same steps (the paper has it behind)")
-        elif gk <= 0.05:
-            verdict = "the gap closes (within 0.05 nats or better), as in the paper"
+        elif gk <= report.MATCH_MARGIN:
+            verdict = f"the gap closes (within {report.MATCH_MARGIN} nats or better), as in the paper"
         else:
             verdict = f"{'narrower' if gk < g1 else 'not narrower'} but not closed"
         lines.append(head + verdict)

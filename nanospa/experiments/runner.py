@@ -10,31 +10,25 @@ One experiment module (fig2.py, table1.py, fig3.py, table2.py, longer.py) declar
 
 and the runner does the rest: methods x learning-rate grid x seeds (a process pool of
 `workers` processes, each single-threaded), the best rate per method from the same grid
-(lowest mean final training loss over seeds; a diverged run counts as +inf), then
+(lowest mean final training loss over seeds; a diverged run counts as +inf), then writes
 
     result.json   settings, command, date, machine, time; every run with its loss history
     table.md      the command, date, machine and time; one row per method; the findings
     plot.png      training-loss curves of each method at its best rate (mean over seeds),
                   with the unigram entropy as a dashed line (needs matplotlib)
 
-The unigram entropy of the training split is the loss of the best predictor that ignores
-context (data.unigram_entropy). A run "stalls" when its final training loss stays within
-STALL_MARGIN of it; this is how the paper's "untrainable" (loss stuck near 7.5 nats on
-its tokeniser) is read at nanospa's byte-level scale.
-
 Every GPTConfig field is also a setting; set explicitly, it applies to every method (after
 the method's own fields), e.g. --kernel_budget=independent or --residual_beta=0.2.
+
+Not here: how the outputs are written and how a stall is read (report.py: provenance,
+JSON, Markdown, plots, STALL_MARGIN, the findings' helpers); one training run (common.py).
 """
 import datetime
 import json
 import math
 import multiprocessing
 import os
-import platform
-import re
-import shlex
 import sys
-import textwrap
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, fields
@@ -42,10 +36,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..settings import help_text, parse_settings, wants_help
+from ..backend import DeviceError
+from ..settings import fail, help_text, parse_settings, wants_help
+from .report import STALL_MARGIN, duration, fmt, load_average, markdown, plot, provenance, write_json
+# Kept importable from runner for nanospa/experiments/fig1.py and budget.py, which still use
+# runner.NAME for these; the other experiment modules import them from report.
+from .report import command_line, header_lines, loss_at, loss_line, machine, ranking, summary  # noqa: F401
 
-STALL_MARGIN = 0.1   # nats/token; see the module docstring. Quick-preset Pre-LN ends ~0.8 below.
-PLOT_HINT = "pip install -e .[plot]  (or: pip install matplotlib)"
+LOSS_DECIMALS = 5     # loss histories in result.json: float32 losses, 5 decimals suffice
+CURVE_POINTS = 1000   # at most about this many training-loss records per run
 
 DEFAULTS = dict(
     preset="quick",
@@ -125,7 +124,7 @@ class Method:
 # ------------------------------------------------------------------ settings
 
 def _config_fields():
-    from ..model import GPTConfig
+    from ..config import GPTConfig
     base = GPTConfig()
     return {f.name: getattr(base, f.name) for f in fields(GPTConfig)}
 
@@ -157,6 +156,7 @@ def settings_for(spec, argv):
 
 
 def selected_methods(spec, s):
+    """spec.methods(s), or the subset --methods names, in the order it names them."""
     methods = spec.methods(s)
     if s["methods"]:
         wanted = [m.strip() for m in s["methods"].split(",") if m.strip()]
@@ -169,7 +169,7 @@ def selected_methods(spec, s):
 
 def model_config(s, method, vocab_size):
     """The GPTConfig of one method: base fields, the method's fields, explicit overrides."""
-    from ..model import GPTConfig
+    from ..config import GPTConfig
     d = {k: s[k] for k in BASE_FIELDS}
     d.update(method.config)
     d.update(s["config_overrides"])
@@ -191,7 +191,7 @@ def _dataset(spec):
 def train_job(job):
     """Train one (method, lr, seed); runs in a worker process or in this one."""
     from .. import backend
-    from ..model import GPTConfig
+    from ..config import GPTConfig
     from .common import train_run
     backend.use(job["device"])
     ds = _dataset(job["data"])
@@ -202,7 +202,7 @@ def train_job(job):
                   grad_clip=job["grad_clip"], eval_batches=job["eval_batches"],
                   log_every=job["log_every"])
     r["label"] = job["label"]
-    r["history"] = [(it, round(loss, 5)) for it, loss in r["history"]]   # float32 losses: 5 decimals suffice
+    r["history"] = [(it, round(loss, LOSS_DECIMALS)) for it, loss in r["history"]]
     return r
 
 
@@ -211,6 +211,22 @@ def _pool(workers):
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def make_jobs(s, methods, configs):
+    """One job per (method, learning rate, seed): plain dicts, so that they pickle to a worker.
+    A method's steps_factor stretches its run and its warm-up alike."""
+    jobs = []
+    for label, m in methods.items():
+        steps = s["steps"] * m.steps_factor
+        for lr in s["lrs"]:
+            for seed in range(s["seeds"]):
+                jobs.append(dict(label=label, config=configs[label], steps=steps, lr=lr, seed=seed,
+                                 batch_size=s["batch_size"], warmup=s["warmup"] * m.steps_factor,
+                                 min_lr_ratio=s["min_lr_ratio"], weight_decay=s["weight_decay"],
+                                 grad_clip=s["grad_clip"], eval_batches=s["eval_batches"],
+                                 log_every=max(1, steps // CURVE_POINTS), data=s["data"], device=s["device"]))
+    return jobs
 
 
 def run_jobs(jobs, workers, on_result):
@@ -244,6 +260,8 @@ def best_rate(runs, lrs):
 
 
 def summarise_method(runs, lrs, unigram):
+    """A method's numbers at its best rate: mean (and std) final losses over seeds, the gap to
+    the unigram entropy, stalled (the gap < STALL_MARGIN), the mean training-loss curve."""
     by_lr, lr = best_rate(runs, lrs)
     out = dict(by_lr={repr(k): v for k, v in by_lr.items()}, best_lr=lr)
     if lr is None:
@@ -253,217 +271,12 @@ def summarise_method(runs, lrs, unigram):
     train = [r["final_train"] for r in best]
     val = [r["final_val"] for r in best]
     its = [it for it, _ in best[0]["history"]]
-    curve = [[it, round(float(np.mean([dict(r["history"]).get(it, math.nan) for r in best])), 5)] for it in its]
+    curve = [[it, round(float(np.mean([dict(r["history"]).get(it, math.nan) for r in best])), LOSS_DECIMALS)]
+             for it in its]
     mean = float(np.mean(train))
     return dict(out, final_train=mean, final_train_std=float(np.std(train)),
                 final_val=float(np.mean(val)), below_unigram=unigram - mean,
                 stalled=bool(unigram - mean < STALL_MARGIN), curve=curve)
-
-
-# ------------------------------------------------------------------ provenance
-
-def machine(device="cpu"):
-    """A one-line description of this machine."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    text = f"{cpu}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, " \
-           f"Python {platform.python_version()}, NumPy {np.__version__}"
-    if device == "cuda":
-        try:
-            from .. import backend  # the only module that imports CuPy
-            props = backend.use("cuda").cuda.runtime.getDeviceProperties(0)
-            text += f", GPU {props['name'].decode() if isinstance(props['name'], bytes) else props['name']}"
-        except Exception:
-            text += ", GPU (name unknown)"
-    return text
-
-
-def load_average():
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
-def command_line(name, argv):
-    return " ".join(["python -m nanospa.experiments", name] + [shlex.quote(a) for a in argv])
-
-
-def duration(seconds):
-    m, s = divmod(int(round(seconds)), 60)
-    return f"{m} min {s:02d} s" if m else f"{s} s"
-
-
-def git_commit():
-    """The checkout's commit (with '+dirty' when tracked files differ), or None."""
-    import subprocess
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (head + ("+dirty" if dirty else "")) or None
-
-
-def provenance(name, argv, s, started, t0, _commit=[]):
-    if not _commit:
-        _commit.append(git_commit())               # once per process
-    return dict(command=command_line(name, argv), date=started, machine=machine(s["device"]),
-                load_average_start=s.get("_load_start"), load_average_end=load_average(),
-                seconds=round(time.time() - t0, 1),
-                commit=_commit[0])
-
-
-def header_lines(result):
-    p = result["provenance"]
-    lines = [f"# {result['name']}: {result['title']}", "",
-             f"- Command: `{p['command']}`",
-             f"- Date: {p['date']}",
-             f"- Machine: {p['machine']} (shared; 1/5/15-minute load averages at start "
-             f"{p.get('load_average_start')}, at the end {p.get('load_average_end')})",
-             f"- Time taken: {duration(p['seconds'])} (wall clock)",
-             f"- Code: commit {p.get('commit') or 'unknown'}"]
-    return lines
-
-
-# ------------------------------------------------------------------ outputs
-
-def _plain(x):
-    """JSON for NumPy scalars and arrays (plan.info may hold them); anything else as text."""
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    return str(x)
-
-
-def write_json(path, obj):
-    """Indented JSON with innermost lists of numbers on one line (loss histories stay short),
-    written to a temporary name and renamed."""
-    compact = []
-
-    def fold(x):                                   # lists of numbers / number pairs: one line
-        if isinstance(x, dict):
-            return {k: fold(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            if x and all(isinstance(v, (list, tuple)) and all(isinstance(u, (int, float)) for u in v)
-                         for v in x) or all(isinstance(v, (int, float)) for v in x):
-                compact.append(json.dumps(x, allow_nan=True, default=_plain, separators=(",", ":")))
-                return f"@@{len(compact) - 1}@@"
-            return [fold(v) for v in x]
-        return x
-
-    text = json.dumps(fold(obj), indent=1, allow_nan=True, default=_plain)
-    text = re.sub(r'"@@(\d+)@@"', lambda m: compact[int(m.group(1))], text)
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(text + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def fmt(x, f=".3f"):
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else \
-        ("diverged" if isinstance(x, float) and math.isinf(x) else format(x, f))
-
-
-def markdown(result):
-    s = result["settings"]
-    lines = header_lines(result)
-    lines += [f"- Data: {result['data']['name']} ({result['data']['train_tokens']:,} training tokens); "
-              f"unigram entropy {result['data']['unigram_entropy']:.3f} nats/token",
-              f"- Setting: depth {s['n_layer']}, width {s['n_embd']}, {s['n_head']} heads, T = {s['block_size']}, "
-              f"batch {s['batch_size']}, {s['steps']} steps, AdamW with warm-up and cosine decay, "
-              f"learning rates {', '.join(map(str, s['lrs']))} (best per method), "
-              f"seeds {s['seeds']}, {s['dtype']}, preset {s['preset']}", ""]
-    lrs = s["lrs"]
-    head = ["method", "model", "steps", "best lr", "final train loss", "final val loss",
-            "unigram - train"] + [f"train @ lr {lr:g}" for lr in lrs]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, m in result["methods"].items():
-        by_lr = m["summary"]["by_lr"]
-        sm = m["summary"]
-        std = f" ± {sm['final_train_std']:.3f}" if s["seeds"] > 1 and sm["best_lr"] else ""
-        row = [label, m["description"], str(m["steps"]), fmt(sm["best_lr"], "g"),
-               fmt(sm["final_train"]) + std, fmt(sm["final_val"]), fmt(sm["below_unigram"], "+.3f")]
-        row += [fmt(by_lr.get(repr(lr))) for lr in lrs]
-        lines.append("| " + " | ".join(row) + " |")
-    plans = []
-    for label, m in result["methods"].items():
-        info = m.get("plan") or {}
-        c = m["config"]
-        relevant = dict(gamma_final=c["attention"] == "espa", rho_final=c["attention"] == "uspa",
-                        eta=c["activation"].startswith("tat_lrelu"))
-        keys = [k for k, used in relevant.items() if used and isinstance(info.get(k), (int, float))]
-        if keys:
-            plans.append(f"{label}: budget {info.get('policy')}"
-                         + "".join(f", {k} {info[k]:.4g}" for k in keys))
-    if plans:
-        lines += ["", "Kernel-budget plans at init (GPTConfig defaults unless the command sets them): "
-                  + "; ".join(plans) + "."]
-    if len(lrs) > 1:
-        edge = [f"{label} ({m['summary']['best_lr']:g})" for label, m in result["methods"].items()
-                if m["summary"]["best_lr"] in (min(lrs), max(lrs))]
-        if edge:
-            lines += ["", "Best learning rate at an edge of the grid (a wider grid could lower these "
-                      "losses): " + ", ".join(edge) + "."]
-    lines += ["", "Final losses are means over fixed batches after training (train and validation "
-              "split), averaged over seeds at the best learning rate. \"unigram - train\" > "
-              f"{STALL_MARGIN} means the model learnt more than byte frequencies.", "",
-              "## What the paper reports", "", result["paper"], "", "## What nanospa measured", ""]
-    lines += [f"- {line}" for line in result["findings"]]
-    return "\n".join(lines) + "\n"
-
-
-def smooth(y, window):
-    if window <= 1 or len(y) < window:
-        return np.asarray(y)
-    kernel = np.ones(window) / window
-    return np.convolve(y, kernel, mode="valid")
-
-
-def plot(result, path, panels=None):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"skipped {path}: matplotlib is not installed ({PLOT_HINT})")
-        return False
-    methods = result["methods"]
-    panels = panels or [("", list(methods))]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.2), squeeze=False,
-                             constrained_layout=True)
-    unigram = result["data"]["unigram_entropy"]
-    for ax, (title, labels) in zip(axes[0], panels):
-        lows = [unigram]
-        for label in labels:
-            if label not in methods:
-                continue
-            curve = methods[label]["summary"]["curve"]
-            if not curve:
-                continue
-            it, loss = np.array(curve).T
-            w = max(1, len(loss) // 25)
-            y = smooth(loss, w)
-            ax.plot(it[w - 1:] if w > 1 else it, y,
-                    label=f"{label} (lr {methods[label]['summary']['best_lr']:g})")
-            lows.append(np.nanmin(y))
-        ax.axhline(unigram, color="k", ls="--", lw=1, label="unigram entropy")
-        ax.set_ylim(min(lows) - 0.15, math.log(result["data"]["vocab_size"]) + 0.2)
-        ax.set_xlabel("iteration")
-        ax.set_ylabel("training loss (nats/token, moving average)")
-        ax.set_title(textwrap.fill(title or f"{result['name']}: {result['title']}", 60), fontsize=9)
-        ax.legend(fontsize=7)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
 
 
 # ------------------------------------------------------------------ the command
@@ -489,7 +302,7 @@ def run(spec, argv):
     configs, plans = {}, {}
     for label, m in methods.items():
         cfg = model_config(s, m, ds.vocab_size)
-        plans[label] = make_plan(cfg).info         # surfaces plan errors before any training
+        plans[label] = dict(make_plan(cfg).info)   # surfaces plan errors before any training
         configs[label] = cfg.to_dict()
     out = Path(s["out"])
     out.mkdir(parents=True, exist_ok=True)
@@ -502,16 +315,7 @@ def run(spec, argv):
                                        steps=s["steps"] * m.steps_factor, runs=[], extra=m.extra)
                            for label, m in methods.items()},
                   findings=[])
-    jobs = []
-    for label, m in methods.items():
-        steps = s["steps"] * m.steps_factor
-        for lr in s["lrs"]:
-            for seed in range(s["seeds"]):
-                jobs.append(dict(label=label, config=configs[label], steps=steps, lr=lr, seed=seed,
-                                 batch_size=s["batch_size"], warmup=s["warmup"] * m.steps_factor,
-                                 min_lr_ratio=s["min_lr_ratio"], weight_decay=s["weight_decay"],
-                                 grad_clip=s["grad_clip"], eval_batches=s["eval_batches"],
-                                 log_every=max(1, steps // 1000), data=s["data"], device=s["device"]))
+    jobs = make_jobs(s, methods, configs)
     print(f"{spec.NAME}: {len(methods)} methods x {len(s['lrs'])} learning rates x {s['seeds']} seeds "
           f"= {len(jobs)} runs on {s['data']} (unigram entropy {unigram:.3f}); writing {out}/")
     done = [0]
@@ -557,48 +361,10 @@ def rerender(spec, out):
 
 
 def main(spec, argv=None):
-    """Entry point of one experiment module: bad settings -> one line on stderr, exit 2."""
+    """Entry point of one experiment module: bad settings, data or device -> one line on
+    stderr, exit 2."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         return run(spec, argv)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-# ------------------------------------------------------------------ helpers for findings
-
-def summary(result, label):
-    return result["methods"][label]["summary"] if label in result["methods"] else None
-
-
-def loss_line(result, label):
-    m = summary(result, label)
-    if m is None or m["best_lr"] is None:
-        return f"{label}: {'not run' if m is None else 'diverged at every learning rate'}"
-    gap = m["below_unigram"]
-    if gap >= STALL_MARGIN:
-        state = f"{gap:.3f} nats below the unigram entropy: it learnt more than byte frequencies"
-    elif gap > -STALL_MARGIN:
-        state = f"within {STALL_MARGIN} nats of the unigram entropy ({gap:+.3f} below): stalled"
-    else:
-        state = f"{-gap:.3f} nats above the unigram entropy: stalled above it"
-    return f"{label}: final train loss {m['final_train']:.3f}, {state}"
-
-
-def ranking(result, labels):
-    """Labels that ran, ordered by final training loss (best first)."""
-    got = [(summary(result, l)["final_train"], l) for l in labels
-           if summary(result, l) and summary(result, l)["best_lr"] is not None]
-    return [l for _, l in sorted(got)]
-
-
-def loss_at(result, label, fraction):
-    """Mean training loss of the best-lr curve around `fraction` of the run (a 10% window)."""
-    m = summary(result, label)
-    if not m or not m["curve"]:
-        return math.nan
-    it, loss = np.array(m["curve"]).T
-    n = max(it)
-    sel = (it >= (fraction - 0.05) * n) & (it <= (fraction + 0.05) * n)
-    return float(np.nanmean(loss[sel])) if sel.any() else math.nan
+    except (ValueError, DeviceError) as e:
+        return fail(e)

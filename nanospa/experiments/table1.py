@@ -9,7 +9,7 @@ Every model: E-SPA attention, no skips; "+LN" puts a LayerNorm before each subla
 """
 import sys
 
-from . import runner
+from . import report, runner
 from .runner import Method
 
 NAME = "table1"
@@ -36,9 +36,9 @@ def methods(settings):
 def findings(result):
     depth = result["settings"]["n_layer"]
     lines = [f"depth {depth}" + (" (the paper's Table 1 uses depth 36)" if depth != 36 else "")]
-    lines += [runner.loss_line(result, label) for label in result["methods"]]
-    trains = [a for a in ACTIVATIONS if runner.summary(result, a) and runner.summary(result, a)["stalled"] is False]
-    stalls = [a for a in ACTIVATIONS if runner.summary(result, a) and runner.summary(result, a)["stalled"]]
+    lines += [report.loss_line(result, label) for label in result["methods"]]
+    trains = [a for a in ACTIVATIONS if report.summary(result, a) and report.summary(result, a)["stalled"] is False]
+    stalls = [a for a in ACTIVATIONS if report.summary(result, a) and report.summary(result, a)["stalled"]]
     if trains or stalls:
         expect_ok, expect_bad = {"dks_gelu", "tat_lrelu", "gelu"}, {"sigmoid"}
         agree = set(trains) >= (expect_ok & set(trains + stalls)) and not (set(trains) & expect_bad)
@@ -48,7 +48,7 @@ def findings(result):
                         else "differs from the paper (it has DKS-GeLU, TAT-LReLU and GeLU training, Sigmoid not)"))
     deltas = []
     for a in ACTIVATIONS:
-        m, n = runner.summary(result, a), runner.summary(result, a + "+LN")
+        m, n = report.summary(result, a), report.summary(result, a + "+LN")
         if m and n and m["best_lr"] and n["best_lr"]:
             deltas.append(f"{a} {n['final_train'] - m['final_train']:+.3f}")
     if deltas:

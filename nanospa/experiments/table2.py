@@ -9,7 +9,7 @@ the control that isolates the attention change.
 """
 import sys
 
-from . import runner
+from . import report, runner
 from .runner import PRE_LN, Method
 
 NAME = "table2"
@@ -31,8 +31,8 @@ def methods(settings):
 
 
 def findings(result):
-    lines = [runner.loss_line(result, label) for label in result["methods"]]
-    pre, best = runner.summary(result, "pre_ln"), runner.summary(result, "espa+NR+LN")
+    lines = [report.loss_line(result, label) for label in result["methods"]]
+    pre, best = report.summary(result, "pre_ln"), report.summary(result, "espa+NR+LN")
     if pre and best and pre["best_lr"] and best["best_lr"]:
         gap = best["final_train"] - pre["final_train"]
         lines.append(f"E-SPA+NR+LN minus Pre-LN final train loss: {gap:+.3f} "
