@@ -14,6 +14,11 @@ run in the same process as a GPU model. CuPy is imported here and nowhere else.
 
 All random initialisation is drawn on the host from a seeded numpy.random.Generator and
 then moved with ``asarray``, so CPU and GPU runs start from identical weights.
+
+The second half of this file holds the fused elementwise kernels the fast paths use
+(scale_where, scale_add, exp_sub, div_flush, softmax_grad, adamw_update) and erf: each one
+CuPy ElementwiseKernel on the GPU and a few in-place NumPy calls on the CPU. Not here: any
+differentiation (tensor.py) or op (functions.py, shape_ops.py, fused.py); those call these.
 """
 import numpy as np
 
@@ -52,10 +57,6 @@ def use(device):
             raise DeviceError("device 'cuda' requested but CuPy sees no GPU")
     _device = device
     return xp()
-
-
-def device():
-    return _device
 
 
 def xp():

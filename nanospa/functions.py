@@ -163,34 +163,36 @@ class LeakyReLU(Function):
         return ctx.xp.where(pos, g, g * ctx.slope)
 
 
-_K = math.sqrt(2.0 / math.pi)
-_INV_SQRT2 = 1.0 / math.sqrt(2.0)
-_INV_SQRT2PI = 1.0 / math.sqrt(2.0 * math.pi)
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # k of the tanh approximation of GELU
+GELU_CUBIC = 0.044715                      # the cubic coefficient of that approximation
+INV_SQRT_2 = 1.0 / math.sqrt(2.0)          # Phi(x) = (1 + erf(x / sqrt 2)) / 2
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)  # the normal density's constant
 
 
 class GELU(Function):
-    """approximate="tanh": 0.5 x (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2/pi);
-    approximate="none": x Phi(x) with the normal CDF Phi (uses backend.erf)."""
+    """approximate="tanh": 0.5 x (1 + tanh(k (x + GELU_CUBIC x^3))), k = sqrt(2/pi)
+    (Hendrycks & Gimpel's approximation, as in GPT-2); approximate="none": x Phi(x) with
+    the normal CDF Phi (uses backend.erf)."""
 
     def forward(ctx, x, approximate="tanh"):
         xp = ctx.xp
         ctx.approximate = approximate
         if approximate == "tanh":
-            t = xp.tanh(_K * (x + 0.044715 * x * x * x))
+            t = xp.tanh(SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x))
             ctx.save(x, t)
             return 0.5 * x * (1.0 + t)
         if approximate != "none":
             raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
-        cdf = 0.5 * (1.0 + backend.erf(x * _INV_SQRT2))
+        cdf = 0.5 * (1.0 + backend.erf(x * INV_SQRT_2))
         ctx.save(x, cdf)
         return x * cdf
 
     def backward(ctx, g):
         x, s = ctx.saved
         if ctx.approximate == "tanh":
-            du = _K * (1.0 + 3.0 * 0.044715 * x * x)
+            du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x)  # d/dx of k (x + c x^3)
             return g * (0.5 * (1.0 + s) + 0.5 * x * (1.0 - s * s) * du)
-        pdf = _INV_SQRT2PI * ctx.xp.exp(-0.5 * x * x)
+        pdf = INV_SQRT_2PI * ctx.xp.exp(-0.5 * x * x)
         return g * (s + x * pdf)
 
 
@@ -207,7 +209,7 @@ class Softplus(Function):
 
 
 class ELU(Function):
-    """x for x > 0, alpha (e^x - 1) otherwise."""
+    """x for x > 0, alpha (e^x - 1) otherwise (alpha = 1 is the ELU of Clevert et al.)."""
 
     def forward(ctx, x, alpha=1.0):
         xp = ctx.xp
@@ -236,6 +238,8 @@ class Swish(Function):
 
 
 class Identity(Function):
+    """x (the "linear" base activation of Shaped)."""
+
     def forward(ctx, x):
         return x
 

@@ -97,7 +97,7 @@ class CrossEntropy(Function):
             raise ValueError(f"targets of shape {tuple(targets.shape)} do not match logits of shape "
                              f"{tuple(logits.shape)}")
         valid = None if ignore_index is None else targets != ignore_index
-        safe = targets if valid is None else xp.where(valid, targets, 0)
+        safe = targets if valid is None else xp.where(valid, targets, 0)  # any valid class index
         z = logits - logits.max(axis=1, keepdims=True)
         lse = xp.log(xp.exp(z).sum(axis=1))
         nll = lse - z[xp.arange(N), safe]
@@ -105,7 +105,7 @@ class CrossEntropy(Function):
         if valid is not None:
             nll = nll * valid
         ctx.save(z, lse, safe, valid)
-        ctx.n = max(n, 1)
+        ctx.n = max(n, 1)  # all rows ignored: loss 0, not 0/0
         return (nll.sum() / ctx.n).astype(logits.dtype)
 
     def backward(ctx, g):

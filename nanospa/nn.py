@@ -6,6 +6,11 @@ lists, state dicts and optimiser states line up across runs, processes and devic
 Buffers (``register_buffer``) are non-trainable arrays that travel with the state dict
 (SPA's fixed B_l and D_l). All random values are drawn on the host from the
 numpy.random.Generator handed in, then moved to the current device by backend.asarray.
+
+Here: Parameter, Module, orthogonal (the Haar-random matrix of the SPA initialisation),
+Linear, Embedding, LayerNorm, RMSNorm, DyT. Not here: the ops these layers call
+(functions.py, shape_ops.py, fused.py), and the attention and MLP blocks with their
+signal-propagation initialisation, which model.py writes over the default weights.
 """
 import numpy as np
 
@@ -13,6 +18,8 @@ from . import backend
 from .fused import LAYER_NORM_EPS, RMS_NORM_EPS, layer_norm, rms_norm
 from .shape_ops import embedding
 from .tensor import Tensor
+
+DEFAULT_SEED = 0  # the generator a layer draws from when none is handed in: still reproducible
 
 
 class Parameter(Tensor):
@@ -123,7 +130,7 @@ class Linear(Module):
 
     def __init__(self, n_in, n_out, bias=False, rng=None, dtype="float32"):
         super().__init__()
-        rng = rng if rng is not None else np.random.default_rng(0)
+        rng = rng if rng is not None else np.random.default_rng(DEFAULT_SEED)
         self.weight = Parameter(rng.standard_normal((n_in, n_out)) / np.sqrt(n_in), dtype=dtype)
         self.bias = Parameter(np.zeros(n_out), dtype=dtype, no_decay=True) if bias else None
 
@@ -133,9 +140,11 @@ class Linear(Module):
 
 
 class Embedding(Module):
+    """Rows of an (n, dim) table, init N(0, std^2)."""
+
     def __init__(self, n, dim, std=1.0, rng=None, dtype="float32"):
         super().__init__()
-        rng = rng if rng is not None else np.random.default_rng(0)
+        rng = rng if rng is not None else np.random.default_rng(DEFAULT_SEED)
         self.weight = Parameter(std * rng.standard_normal((n, dim)), dtype=dtype)
 
     def forward(self, idx):
@@ -143,6 +152,8 @@ class Embedding(Module):
 
 
 class LayerNorm(Module):
+    """fused.LayerNorm with a gain (init 1) and a bias (init 0), neither weight-decayed."""
+
     def __init__(self, dim, eps=LAYER_NORM_EPS, dtype="float32"):
         super().__init__()
         self.eps = eps
@@ -154,6 +165,8 @@ class LayerNorm(Module):
 
 
 class RMSNorm(Module):
+    """fused.RMSNorm with a gain (init 1), not weight-decayed."""
+
     def __init__(self, dim, eps=RMS_NORM_EPS, dtype="float32"):
         super().__init__()
         self.eps = eps

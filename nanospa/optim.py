@@ -3,12 +3,18 @@
 Updates change ``param.data`` in place, after backward has freed the graph, so no array
 saved for a backward pass is ever modified. Optimiser state lives on the parameters'
 device and has the parameters' dtype; ``state_dict`` brings it to the host for checkpoints.
+
+Here: SGD, AdamW (its update is one fused backend kernel, backend.adamw_update),
+global-norm clipping, the warm-up + cosine schedule. Not here: which parameters decay
+(each Parameter's ``no_decay``, set where it is made) and the training loop (train.py).
 """
 import math
 
 import numpy as np
 
 from . import backend
+
+CLIP_EPS = 1e-6  # as torch.nn.utils.clip_grad_norm_: the clipped norm lands just below max_norm
 
 
 class Optimizer:
@@ -79,7 +85,8 @@ class AdamW(Optimizer):
     """Adam with bias correction and decoupled weight decay (Loshchilov & Hutter):
         m <- b1 m + (1-b1) g;   v <- b2 v + (1-b2) g^2
         p <- p - lr * ( m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + wd * p )
-    Parameters marked ``no_decay`` (norm gains, biases, SPA biases) get no weight decay."""
+    Parameters marked ``no_decay`` (norm gains, biases, SPA biases) get no weight decay.
+    The defaults of betas and eps are Kingma & Ba's."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(params, lr)
@@ -123,7 +130,7 @@ def clip_grad_norm(params, max_norm):
     """Scale all gradients by min(1, max_norm / global norm). Returns the norm before clipping."""
     norm = global_grad_norm(params)
     if max_norm > 0 and norm > max_norm and math.isfinite(norm):
-        scale = max_norm / (norm + 1e-6)
+        scale = max_norm / (norm + CLIP_EPS)
         for p in params:
             if p.grad is not None:
                 p.grad = p.grad * scale  # not in place: one array can be several leaves' grad

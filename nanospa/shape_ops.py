@@ -44,7 +44,7 @@ class Mean(Function):
     def forward(ctx, x, axis=None, keepdims=False):
         out = x.mean(axis=axis, keepdims=keepdims)
         ctx.args = (x.shape, axis, keepdims)
-        ctx.n = x.size // max(out.size, 1)
+        ctx.n = x.size // max(out.size, 1)  # entries averaged into each output entry
         return out
 
     def backward(ctx, g):
@@ -143,6 +143,7 @@ class Transpose(Function):
 
 
 def _is_advanced(index):
+    """Whether an index uses integer arrays (fancy indexing), which may repeat entries."""
     parts = index if isinstance(index, tuple) else (index,)
     return any(not (isinstance(p, (int, slice)) or p is None or p is Ellipsis) for p in parts)
 
@@ -153,8 +154,7 @@ class GetItem(Function):
     def forward(ctx, x, index):
         if isinstance(index, Tensor):
             index = index.data
-        ctx.index = index
-        ctx.in_shape, ctx.dtype = x.shape, x.dtype
+        ctx.index, ctx.in_shape = index, x.shape
         return x[index]
 
     def backward(ctx, g):

@@ -52,10 +52,6 @@ def no_grad():
         _grad_enabled = prev
 
 
-def is_grad_enabled():
-    return _grad_enabled
-
-
 def unbroadcast(g, shape):
     """Sum a gradient of a broadcast result back to the input's ``shape``."""
     if g.shape == shape:
@@ -128,21 +124,18 @@ def _constant(value, like):
 
 
 class Tensor:
-    __slots__ = ("data", "grad", "requires_grad", "_ctx", "name", "__weakref__")
-    __array_priority__ = 1000  # so that ndarray * Tensor calls Tensor.__rmul__
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "__weakref__")
+    __array_priority__ = 1000  # above ndarray's 0, so that ndarray * Tensor calls Tensor.__rmul__
 
-    def __init__(self, data, requires_grad=False, dtype=None, name=None):
+    def __init__(self, data, requires_grad=False):
         if isinstance(data, Tensor):
             data = data.data
         if not (isinstance(data, np.ndarray) or backend.is_device_array(data)):
-            data = np.asarray(data, dtype=dtype)
-        elif dtype is not None and data.dtype != dtype:
-            data = data.astype(dtype)
+            data = np.asarray(data)
         self.data = data
         self.grad = None
         self.requires_grad = bool(requires_grad)
         self._ctx = None
-        self.name = name
 
     # ---- information --------------------------------------------------------------
     shape = property(lambda self: tuple(self.data.shape))
@@ -164,9 +157,6 @@ class Tensor:
     def item(self):
         """The value of a one-element tensor as a Python number (a device sync on GPU)."""
         return self.numpy().item()
-
-    def detach(self):
-        return Tensor(self.data)
 
     # ---- differentiation ----------------------------------------------------------
     def backward(self, grad=None, leaf_grads=None):
@@ -256,13 +246,12 @@ class Tensor:
     def swish(self): return F.Swish.apply(self)
     def reshape(self, *shape): return S.Reshape.apply(self, shape=_shape_arg(shape))
     def transpose(self, *axes): return S.Transpose.apply(self, axes=_shape_arg(axes) or None)
-    permute = transpose
     T = property(lambda self: S.Transpose.apply(self, axes=None))
 
 
-def sharded_backward(loss_fn, *batch, shards=None):
-    """Back-propagate the batch-mean loss ``loss_fn(*batch)`` in ``shards`` slices of the
-    batch (axis 0 of every array in ``batch``), each on a worker thread of backend.threads()
+def sharded_backward(loss_fn, *batch):
+    """Back-propagate the batch-mean loss ``loss_fn(*batch)`` in backend.threads() slices of
+    the batch (axis 0 of every array in ``batch``), each on a worker thread
     (data parallelism on the CPU: NumPy releases the GIL in its loops and in BLAS, so the
     slices run at once; run BLAS single-threaded then). Returns the loss, a Tensor without
     graph. For a loss that is a mean over batch entries (cross-entropy over rows of equal
@@ -274,7 +263,7 @@ def sharded_backward(loss_fn, *batch, shards=None):
     own, and the dicts are added to the leaves' ``.grad`` in slice order: the result does
     not depend on thread timing. With one shard this is loss_fn(*batch).backward()."""
     n = len(batch[0])
-    k = max(1, min(n, shards or backend.threads()))
+    k = max(1, min(n, backend.threads()))
     if k == 1:
         loss = loss_fn(*batch)
         loss.backward()
@@ -298,6 +287,7 @@ def sharded_backward(loss_fn, *batch, shards=None):
 
 
 def _shape_arg(args):
+    """reshape(2, 3) and reshape((2, 3)) alike."""
     return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
 
 

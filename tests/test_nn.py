@@ -1,6 +1,6 @@
 """nanospa/nn.py: modules (deterministic parameter order, state dicts that check every key,
-shape and dtype), the layers by directional float64 gradient check, DyT's required
-alpha."""
+shape and dtype), the layers by directional float64 gradient check, DyT's required alpha,
+and the orthogonal initialiser."""
 import numpy as np
 import pytest
 
@@ -63,3 +63,10 @@ def test_dyt_alpha_is_required():
         nn.DyT(6)
     np.testing.assert_array_equal(nn.DyT(6, alpha=0.25, dtype="float64").alpha.data, [0.25])
 
+
+@pytest.mark.parametrize("n_in,n_out", [(6, 4), (4, 6), (5, 5)])
+def test_orthogonal_is_orthogonal_and_c_ordered(n_in, n_out):
+    W = nn.orthogonal(np.random.default_rng(0), n_in, n_out, scale=2.0)
+    assert W.shape == (n_in, n_out) and W.flags["C_CONTIGUOUS"]
+    gram = W.T @ W if n_in >= n_out else W @ W.T  # the smaller side: 4 I (scale 2)
+    np.testing.assert_allclose(gram, 4.0 * np.eye(min(n_in, n_out)), atol=1e-12)
