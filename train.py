@@ -193,7 +193,7 @@ def train(argv):
           f"norm={cfg.norm} pos={cfg.pos} {cfg.dtype} on {s['device']}"
           + (f" ({backend.threads()} threads)" if s["device"] == "cpu" else ""))
     print("plan: " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in model.plan.info.items())
-          + f"; activation {model.plan.activation!r}")
+          + f"; activation {model.activation!r}")
 
     # -- optimiser
     optimizer = AdamW(model.parameters(), lr=s["learning_rate"], betas=(s["beta1"], s["beta2"]),

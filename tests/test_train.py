@@ -223,6 +223,7 @@ def test_run_logs_evaluates_checkpoints_and_samples(tmp_path, text_file, capsys)
         assert len(r["cos"]) == len(r["q"]) == 3
         assert all(-1.0 <= c <= 1.0 for c in r["cos"]) and all(q > 0 for q in r["q"])
     assert "parameters" in out and "plan:" in out and "sample:" in out
+    assert "; activation tat leaky_relu(output_scale=" in out       # the shaped activation, not its spec
     assert str(tmp_path / "out" / "log.jsonl") in out
     with np.load(tmp_path / "out" / "ckpt.npz", allow_pickle=False) as z:
         names = set(z.files)
