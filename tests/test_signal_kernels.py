@@ -1,12 +1,15 @@
 """Tests for nanospa/signal/kernels.py: kernels, rank-collapse measures, SPA targets and
-schedules, standard attention at init (docs/method.md §3, §4, §6, §7.1, §7.3)."""
+schedules (espa_/uspa_ and the kind-generic spa_kernel / spa_schedule), the subnormal flush,
+standard attention at init (docs/method.md §3, §4, §6, §7.1, §7.3)."""
 import numpy as np
 import pytest
 
 from nanospa.signal import (effective_rank, espa_gammas, espa_kernel, kernel_matrix,
                             kernel_stats, mean_offdiag, min_entry, min_offdiag,
-                            normalised_kernel, q_values, uniform_causal_attention,
-                            uspa_kernel, uspa_rhos, value_skipinit_attention)
+                            normalised_kernel, q_values, spa_kernel, spa_schedule,
+                            uniform_causal_attention, uspa_kernel, uspa_rhos,
+                            value_skipinit_attention)
+from nanospa.signal.kernels import SPA_KINDS, TINY, check_T, flush
 
 EPS = np.finfo(np.float64).eps
 
@@ -142,3 +145,37 @@ def test_value_skipinit_is_identity_at_init():
     np.testing.assert_allclose(M, 0.6 * np.eye(T) + 0.8 * uniform_causal_attention(T), rtol=1e-15)
     with pytest.raises(ValueError, match="P must have shape"):
         value_skipinit_attention(T, P=np.eye(T + 1))
+
+
+def test_spa_kernel_and_schedule_dispatch_on_kind():
+    assert SPA_KINDS == ("espa", "uspa")
+    np.testing.assert_array_equal(spa_kernel("espa", 12, 0.3), espa_kernel(12, 0.3))
+    np.testing.assert_array_equal(spa_kernel("uspa", 12, 0.3), uspa_kernel(12, 0.3))
+    np.testing.assert_array_equal(spa_schedule("espa", 7, 0.02), espa_gammas(7, 0.02))
+    np.testing.assert_array_equal(spa_schedule("uspa", 7, 0.6), uspa_rhos(7, 0.6))
+    for bad in ("softmax", "value_skipinit", None):
+        with pytest.raises(ValueError, match="kind must be one of"):
+            spa_kernel(bad, 4, 0.1)
+        with pytest.raises(ValueError, match="kind must be one of"):
+            spa_schedule(bad, 4, 0.1)
+    with pytest.raises(ValueError, match="rho"):
+        spa_kernel("uspa", 4, 1.0)                                 # each kind's own checks apply
+
+
+def test_flush_zeroes_only_entries_below_tiny():
+    assert TINY == 1e-250
+    M = np.array([[1.0, 1e-249, -1e-249], [1e-251, -1e-251, 5e-324], [0.0, -3.0, np.inf]])
+    out = flush(M)
+    expected = np.array([[1.0, 1e-249, -1e-249], [0.0, 0.0, 0.0], [0.0, -3.0, np.inf]])
+    np.testing.assert_array_equal(out, expected)
+    assert M[1, 0] == 1e-251                                     # input untouched
+
+
+def test_check_T():
+    assert check_T(5) == 5 and check_T(np.int64(3)) == 3 and type(check_T(np.int64(3))) is int
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match="T must be >= 1"):
+            check_T(bad)
+    for bad in (2.0, "4", None):
+        with pytest.raises(ValueError, match="T must be an integer"):
+            check_T(bad)

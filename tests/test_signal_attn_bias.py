@@ -1,16 +1,21 @@
-"""Tests for nanospa/signal/cholesky.py and attn_bias.py: SPA attention matrices, their
-softmax realisation (B, D), the non-causal variant, and a finite-width check
-(docs/method.md §5-§9, §14, §15). All float64."""
+"""Tests for nanospa/signal/attn_bias.py: the E-SPA / U-SPA attention matrices in closed form
+(against cholesky.transfer_matrix), their softmax realisation A = diag(D) softmax(B) (bias
+B, rescale D, rescale, realise), spa_matrix, spa_layer / spa_layers, layer_bias of a plan,
+prefix consistency and a finite-width check (docs/method.md §5-§8, §14, §15). All float64."""
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from nanospa.signal import (bias_and_rescale, check_attention, checked_cholesky,
-                            espa_attention, espa_bias_and_rescale, espa_gammas, espa_kernel,
-                            espa_log_attention, log_attention_from, noncausal_attention,
-                            spa_layers, sym_sqrt, transfer_matrix, uspa_attention,
+from nanospa.config import GPTConfig
+from nanospa.signal import (bias_and_rescale, check_attention, espa_attention,
+                            espa_bias_and_rescale, espa_gammas, espa_kernel, espa_log_attention,
+                            layer_bias, log_attention_from, make_plan, realise, rescale,
+                            spa_layer, spa_layers, spa_matrix, transfer_matrix, uspa_attention,
                             uspa_bias_and_rescale, uspa_kernel, uspa_rhos)
+from nanospa.signal.kernels import TINY
+from nanospa.tensor import Tensor
 
 EPS = np.finfo(np.float64).eps
 
@@ -26,7 +31,18 @@ def schedule(kind, L, T):
             for l in range(1, L + 1)]
 
 
-# ---------------------------------------------------------------- construction
+def softmax_rows(B, D):
+    """diag(D) softmax(B) over the causal entries j <= i, row by row (the reference realise
+    is compared with)."""
+    T = len(D)
+    A = np.zeros((T, T))
+    for i in range(T):
+        z = np.exp(B[i, :i + 1] - np.max(B[i, :i + 1]))
+        A[i, :i + 1] = D[i] * z / z.sum()
+    return A
+
+
+# ---------------------------------------------------------------- closed forms (§6, §7.2)
 
 
 @pytest.mark.parametrize("kind", ["espa", "uspa"])
@@ -78,23 +94,18 @@ def test_uspa_closed_form_matches_cholesky_random():
         assert A.min() >= 0.0
 
 
-def test_wrong_way_schedule_goes_negative():
-    """Documented property (method §6, §7.2): gamma increasing or rho decreasing gives a
-    signed A, which softmax cannot realise. The closed forms refuse such a step."""
+def test_closed_forms_refuse_the_wrong_way():
+    """gamma increasing or rho decreasing gives a signed A (test_signal_cholesky.py); the
+    closed forms refuse such a step instead of returning it."""
     T = 50
-    A = transfer_matrix(espa_kernel(T, 0.2), espa_kernel(T, 0.5))     # gamma 0.2 -> 0.5
-    assert A.min() == pytest.approx(-0.527, abs=1e-3)                 # method §7.2: -0.53
-    A = transfer_matrix(uspa_kernel(T, 0.6), uspa_kernel(T, 0.3))     # rho 0.6 -> 0.3
-    assert A.min() == pytest.approx(-0.415, abs=1e-3)                 # method §6: ~ -0.42
-    with pytest.raises(ValueError, match="negative entry"):
-        check_attention(A, uspa_kernel(T, 0.6), uspa_kernel(T, 0.3))
     with pytest.raises(ValueError, match="gamma <= gamma_prev"):
         espa_log_attention(T, 0.5, 0.2)
     with pytest.raises(ValueError, match="rho >= rho_prev"):
         uspa_attention(T, 0.3, 0.6)
-    # the non-causal variant goes negative too, and is refused at construction
-    with pytest.raises(ValueError, match="negative entry"):
-        noncausal_attention(uspa_kernel(T, 0.6), uspa_kernel(T, 0.3))
+    with pytest.raises(ValueError, match="gammas must be > 0"):
+        espa_attention(T, 0.0, np.inf)
+    with pytest.raises(ValueError, match="rhos must be in"):
+        uspa_attention(T, 1.0, 0.5)
 
 
 def test_equal_steps_give_identity():
@@ -103,30 +114,7 @@ def test_equal_steps_give_identity():
     np.testing.assert_array_equal(uspa_attention(20, 0.4, 0.4), np.eye(20))
 
 
-def test_checked_cholesky_refuses_indefinite_without_jitter():
-    S = np.array([[1.0, 0.9, 0.0], [0.9, 1.0, 0.9], [0.0, 0.9, 1.0]])   # min eigenvalue < 0
-    lam = np.linalg.eigvalsh(S).min()
-    with pytest.raises(ValueError, match=f"min eigenvalue {lam:.6g}"):
-        checked_cholesky(S)
-    with pytest.raises(ValueError, match="not symmetric"):
-        checked_cholesky(np.array([[1.0, 0.5], [0.0, 1.0]]))
-    L = checked_cholesky(espa_kernel(30, 0.1))
-    np.testing.assert_allclose(L @ L.T, espa_kernel(30, 0.1), rtol=0, atol=1e-14)
-
-
-def test_noncausal_variant_maps_kernel():
-    T = 40
-    for Sp, Sn in [(np.eye(T), espa_kernel(T, 0.8)), (espa_kernel(T, 0.3), espa_kernel(T, 0.05)),
-                   (uspa_kernel(T, 0.2), uspa_kernel(T, 0.7))]:
-        A = noncausal_attention(Sp, Sn)
-        # eigh-based square roots: error ~ eps * cond (cond(Sigma) < 2e3 here)
-        np.testing.assert_allclose(A @ Sp @ A.T, Sn, rtol=0, atol=1e-11)
-        assert A.min() >= -1e-12 * np.abs(A).max()
-    S = espa_kernel(T, 0.2)
-    np.testing.assert_allclose(sym_sqrt(S) @ sym_sqrt(S), S, rtol=0, atol=1e-13)
-
-
-# ---------------------------------------------------------------- bias and rescale
+# ---------------------------------------------------------------- bias and rescale (§8)
 
 
 @pytest.mark.parametrize("kind", ["espa", "uspa"])
@@ -145,6 +133,13 @@ def test_bias_rows_sum_to_one_and_D_at_least_one(kind):
         np.testing.assert_allclose(B2[low], B[low], rtol=1e-12, atol=1e-12)
 
 
+def test_bias_and_rescale_needs_a_finite_entry_per_row():
+    logA = np.full((3, 3), -np.inf)
+    logA[0, 0] = logA[2, 2] = 0.0
+    with pytest.raises(ValueError, match="finite entry"):
+        bias_and_rescale(logA)
+
+
 def test_log_attention_from():
     A = espa_attention(30, 0.2, 0.6)
     logA = log_attention_from(A)
@@ -154,6 +149,73 @@ def test_log_attention_from():
         log_attention_from(A.T)
     with pytest.raises(ValueError, match="negative entry"):
         log_attention_from(-np.eye(3))
+
+
+def test_rescale_scales_row_i_by_D_i():
+    """diag(D) X on (..., T, k) arrays with T <= len(D), and on an engine Tensor (the model's
+    attention output)."""
+    rng = np.random.default_rng(0)
+    D = rng.uniform(1.0, 2.0, 9)
+    X = rng.standard_normal((2, 3, 6, 5))                          # (B, H, T, k), T = 6 < 9
+    expected = np.einsum("i,bhik->bhik", D[:6], X)
+    np.testing.assert_array_equal(rescale(X, D), expected)
+    np.testing.assert_array_equal(rescale(X[0, 0], D), np.diag(D[:6]) @ X[0, 0])
+    out = rescale(Tensor(X), D)
+    assert isinstance(out, Tensor)
+    np.testing.assert_array_equal(out.data, expected)
+
+
+@pytest.mark.parametrize("kind", ["espa", "uspa"])
+def test_realise_is_diag_D_softmax_B_and_reproduces_the_closed_form(kind):
+    T, L = 64, 6
+    sched = espa_gammas(L) if kind == "espa" else uspa_rhos(L)
+    closed = espa_attention if kind == "espa" else uspa_attention
+    split = espa_bias_and_rescale if kind == "espa" else uspa_bias_and_rescale
+    for l in (1, 3, L):
+        B, D = split(T, sched[l], sched[l - 1])
+        A = realise(B, D)
+        # against an independent row-by-row diag(D) softmax(B) over j <= i: same operations
+        # in another order, a few ulps (relative)
+        np.testing.assert_allclose(A, softmax_rows(B, D), rtol=1e-14, atol=0)
+        # against the closed form: exp of a difference of logs, observed 3e-15 relative
+        np.testing.assert_allclose(A, np.maximum(closed(T, sched[l], sched[l - 1]), 0.0),
+                                   rtol=1e-13, atol=TINY)
+        assert np.all(np.triu(A, 1) == 0.0) and A.min() >= 0.0
+        # the first T' positions: the same matrix (prefix consistent); the longer rows add
+        # exact zeros to the softmax sums but may regroup them: an ulp or two
+        np.testing.assert_allclose(realise(B, D, 17), A[:17, :17], rtol=1e-15, atol=0)
+        # whatever B holds above the diagonal is ignored (the model stores tril(B))
+        np.testing.assert_array_equal(realise(np.tril(B), D), A)
+
+
+def test_realise_flushes_below_tiny():
+    """E-SPA layer 1 with a large gamma: e^{-gamma (i - j)} spans the subnormal range;
+    realise returns exact zeros there, never subnormals."""
+    T, g = 200, 5.0
+    B, D = espa_bias_and_rescale(T, g, np.inf)
+    A = realise(B, D)
+    nz = A[A != 0]
+    assert nz.min() >= TINY and np.count_nonzero(A) < T * (T + 1) // 2
+    # every entry e^{-5 (i-j)} above TINY is kept: distance <= floor(log(1/TINY) / 5) = 115
+    assert A[115, 0] > 0 and A[150, 0] == 0.0
+
+
+@pytest.mark.parametrize("kind", ["espa", "uspa"])
+def test_spa_matrix_is_the_closed_form(kind):
+    T, L = 48, 8
+    sched = espa_gammas(L) if kind == "espa" else uspa_rhos(L)
+    target = espa_kernel if kind == "espa" else uspa_kernel
+    for l in range(1, L + 1):
+        A = spa_matrix(kind, T, sched[l], sched[l - 1])
+        assert A.min() >= 0.0 and np.all(np.triu(A, 1) == 0.0)
+        assert np.all((A == 0) | (A >= TINY))                      # no subnormals
+        layer = spa_layer(kind, T, sched[l], sched[l - 1])
+        np.testing.assert_allclose(A, realise(layer["B"], layer["D"]), rtol=1e-13, atol=TINY)
+        R = transfer_matrix(target(T, sched[l - 1]), target(T, sched[l]))
+        # Cholesky reference: kernels with cond < 1e3 here, 1e-12 is eps * cond with margin
+        np.testing.assert_allclose(A, R, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="kind"):
+        spa_matrix("softmax", T, 0.1, 0.2)
 
 
 def test_prefix_consistency():
@@ -197,6 +259,9 @@ def test_finite_at_T16384():
     del B
 
 
+# ---------------------------------------------------------------- per-layer build
+
+
 def test_spa_layers_generator_options():
     T, L = 64, 6
     ref = list(spa_layers("espa", T, L))
@@ -213,6 +278,8 @@ def test_spa_layers_generator_options():
             np.testing.assert_array_equal(x["B"].astype(np.float32), y["B"])   # rounded once
     with pytest.raises(ValueError, match="kind"):
         next(spa_layers("softmax", T, L))
+    with pytest.raises(ValueError, match="kind"):
+        spa_layer("softmax", T, 0.1, 0.2)
 
 
 def test_spa_layers_speed_T1024():
@@ -222,6 +289,58 @@ def test_spa_layers_speed_T1024():
     for _ in spa_layers("espa", 1024, 36, with_logA=False, reuse_buffers=True):
         pass
     assert time.perf_counter() - t0 < 5.0                         # generous: shared CPUs
+
+
+@pytest.mark.parametrize("kind", ["espa", "uspa"])
+def test_layer_bias_follows_the_schedule(kind):
+    """A plan without overrides (read by duck typing): block l gets the closed form along
+    plan.schedule, for the first T positions (default block_size)."""
+    L, T = 5, 24
+    sched = tuple(espa_gammas(L, 0.05) if kind == "espa" else uspa_rhos(L, 0.6))
+    plan = SimpleNamespace(kind=kind, schedule=sched, overrides=None, block_size=T)
+    for l in range(1, L + 1):
+        B, D = layer_bias(plan, l)
+        ref = spa_layer(kind, T, sched[l], sched[l - 1])
+        np.testing.assert_array_equal(B, ref["B"])
+        np.testing.assert_array_equal(D, ref["D"])
+        B8, D8 = layer_bias(plan, l, 8)
+        assert B8.shape == (8, 8) and D8.shape == (8,)
+        np.testing.assert_array_equal(B8, B[:8, :8])
+        np.testing.assert_array_equal(D8, D[:8])
+
+
+def test_layer_bias_takes_the_plans_overrides():
+    """Where a policy moved A_l off the closed form (here qpreserve's D_l, and a hand-made
+    mix of None and (B, D) entries), layer_bias returns the plan's own (B_l, D_l), sliced."""
+    cfg = GPTConfig(block_size=16, n_layer=4, n_head=2, n_embd=16, kernel_budget="qpreserve",
+                    gamma_final=0.05, eta=0.6)
+    plan = make_plan(cfg)
+    ind = make_plan(GPTConfig(**{**cfg.to_dict(), "kernel_budget": "independent"}))
+    assert ind.overrides is None and plan.overrides is not None and len(plan.overrides) == 4
+    for l in range(1, 5):
+        B, D = layer_bias(plan, l)
+        np.testing.assert_array_equal(B, plan.overrides[l - 1][0])
+        np.testing.assert_array_equal(D, plan.overrides[l - 1][1])
+        B_ind, D_ind = layer_bias(ind, l)
+        np.testing.assert_array_equal(B, B_ind)              # qpreserve keeps B, moves D
+        # ... except at layer 1, where the incoming kernel is I and A_1 A_1^T = Sigma_1
+        # already has unit diagonal: the same D (to rounding)
+        if l == 1:
+            np.testing.assert_allclose(D, D_ind, rtol=1e-15)
+        else:
+            assert np.abs(D - D_ind).max() > 0.1
+        B5, D5 = layer_bias(plan, l, 5)
+        np.testing.assert_array_equal(B5, B[:5, :5])
+        np.testing.assert_array_equal(D5, D[:5])
+    # per-layer mix: layer 1 closed form, layer 2 the override
+    sched = plan.schedule[:3]
+    B_own = np.where(np.tri(16, dtype=bool), -np.log(np.arange(1, 17))[:, None], -np.inf)
+    D_own = np.full(16, 2.0)                                  # 2 x uniform causal attention
+    mixed = SimpleNamespace(kind="espa", schedule=sched, block_size=16, overrides=(None, (B_own, D_own)))
+    np.testing.assert_array_equal(layer_bias(mixed, 1)[0], spa_layer("espa", 16, sched[1], sched[0])["B"])
+    B2, D2 = layer_bias(mixed, 2)
+    assert B2 is not None and np.array_equal(B2, B_own) and np.array_equal(D2, D_own)
+    np.testing.assert_allclose(realise(B2, D2), 2.0 * np.tri(16) / np.arange(1, 17)[:, None], rtol=1e-15)
 
 
 # ---------------------------------------------------------------- finite width
