@@ -1,8 +1,8 @@
 """nanospa: deep transformers without shortcuts (He et al., ICLR 2023, arXiv 2302.10322)
 on a hand-written NumPy/CuPy autograd.
 
-Reading order: backend -> tensor -> functions -> nn -> optim -> gradcheck -> signal/ ->
-config -> model. See README.md for the code map.
+Reading order: backend -> tensor -> functions -> shape_ops -> fused -> nn -> optim -> gradcheck ->
+signal/ -> config -> model. See README.md for the code map.
 """
 from . import backend
 from .tensor import Tensor, Function, no_grad, sharded_backward
