@@ -1,16 +1,17 @@
-"""signal.predict: the input kernel of a token sequence, the sublayer kernel maps, and the
-whole-model prediction against the empirical kernels of wide random networks at init
-(docs/method.md §3.2, §4, §10, §11)."""
+"""Tests for nanospa/signal/predict.py: the whole-model prediction at init, sublayer by
+sublayer (docs/method.md §2.2, §3.2, §4, §10, §13): the cases where it is exact, the
+effective attention matrix of each kind, the result's accessors, and the comparison with
+the kernels of wide random networks (nanospa/measure.py). The sublayer maps themselves:
+tests/test_signal_maps.py; the input kernel: tests/test_signal_inputs.py."""
 import numpy as np
 import pytest
 
 from nanospa import GPT, GPTConfig
-from nanospa.init import POS_VARIANCE, sinusoidal
-from nanospa.nn import Embedding
-from nanospa.signal import kernels
-from nanospa.signal.budget import make_plan
-from nanospa.signal.predict import (MLPMap, input_kernel, measured_kernels, predict_kernels,
-                                    sigma0_from_tokens, softmax_attention_map)
+from nanospa.measure import measured_kernels
+from nanospa.signal import kernels, layer_bias, make_plan, realise
+from nanospa.signal.inputs import input_kernel
+from nanospa.signal.predict import (KernelPrediction, effective_attention, plan_targets,
+                                    predict_kernels)
 
 WIDTH = 1024
 
@@ -48,7 +49,7 @@ def max_errors(cfg, seed=0, B=4):
     c_err = q_err = 0.0
     for l in range(1, cfg.n_layer + 1):
         for P, M in ((pred.kernel(l, "attn_branch"), meas["attn_branch"][l - 1]),
-                     (pred.kernel(l), meas["mlp"][l - 1])):
+                     (pred.kernel(l), meas["hidden"][l])):
             c_err = max(c_err, np.abs(kernels.normalised_kernel(P) - kernels.normalised_kernel(M)).max())
             q_err = max(q_err, np.abs(np.diag(M) / np.diag(P) - 1.0).max())
     return c_err, q_err
@@ -61,41 +62,6 @@ def wide(**kw):
                 activation="tat_lrelu", mlp_ratio=1)
     base.update(kw)
     return GPTConfig(**base)
-
-
-# ------------------------------------------------------------------ input kernel (§11)
-
-def test_input_kernel_counts_repeated_tokens_and_positions():
-    t = np.array([3, 5, 3, 7, 5, 3])
-    same = (t[:, None] == t[None, :]).astype(float)
-    np.testing.assert_array_equal(input_kernel(t), same)
-    np.testing.assert_array_equal(input_kernel(T=5), np.eye(5))
-    np.testing.assert_allclose(input_kernel(t, pos="learned"), 0.5 * same + 0.5 * np.eye(6))
-    S = input_kernel(t, pos="sinusoidal", n_embd=32)
-    P = sinusoidal(6, 32)                                    # the model's own encoding
-    np.testing.assert_allclose(S, 0.5 * same + P @ P.T / 32, atol=1e-14)
-    assert sigma0_from_tokens is input_kernel
-    with pytest.raises(ValueError, match="n_embd"):
-        input_kernel(t, pos="sinusoidal")
-    with pytest.raises(ValueError, match="pos='rope'"):
-        input_kernel(t, pos="rope")
-
-
-@pytest.mark.parametrize("pos", ["none", "learned", "sinusoidal"])
-def test_input_kernel_matches_a_wide_embedding(pos):
-    """The embedding output of the model's init (init.py: tokens N(0, 1 - sigma_p^2), learned
-    positions N(0, sigma_p^2), sinusoidal positions of mean square sigma_p^2)."""
-    d, T = 4096, 12
-    t = np.array([1, 2, 1, 3, 1, 2, 4, 5, 6, 1, 7, 0])
-    pv = POS_VARIANCE if pos != "none" else 0.0
-    rng = np.random.default_rng(0)
-    X = Embedding(8, d, std=np.sqrt(1.0 - pv), rng=rng, dtype="float64")(t).data
-    if pos == "learned":
-        X = X + Embedding(T, d, std=np.sqrt(pv), rng=rng, dtype="float64")(np.arange(T)).data
-    elif pos == "sinusoidal":
-        X = X + sinusoidal(T, d)
-    # one draw of width 4096: entries fluctuate by about 4096^-1/2 = 0.016; 5 sigma
-    np.testing.assert_allclose(kernels.kernel_matrix(X), input_kernel(t, pos=pos, n_embd=d), atol=5 / np.sqrt(d))
 
 
 # ------------------------------------------------------------------ exact cases
@@ -120,37 +86,64 @@ def test_value_skipinit_is_the_identity_and_zero_query_softmax_is_uniform():
     np.testing.assert_allclose(predict_kernels(cfg, sigma_0=S0).kernel(2), P @ P @ S0 @ P.T @ P.T, atol=1e-14)
 
 
-def test_mlp_map_of_tat_lrelu_is_the_closed_form():
-    plan = make_plan(GPTConfig(n_layer=24, activation="tat_lrelu", kernel_budget="independent"))
-    mlp = MLPMap(plan.activation)
-    q = np.array([1.0, 2.0, 0.5])
-    C = np.array([[1.0, 0.3, 0.7], [0.3, 1.0, 0.1], [0.7, 0.1, 1.0]])
-    S = C * np.sqrt(np.outer(q, q))
-    from nanospa.signal.act_transform import lrelu_cmap
-    expected = np.sqrt(np.outer(q, q)) * lrelu_cmap(C, plan.activation["params"]["negative_slope"])
-    np.testing.assert_allclose(mlp(S), expected, atol=1e-13)     # homogeneous: q scales out
-    c = np.linspace(-0.4, 1.0, 8)                            # C(-1) = -1 + pi beta > -0.45 here
-    np.testing.assert_allclose(mlp.C(mlp.C_inverse(c)), c, atol=1e-12)
+def test_effective_attention_of_each_kind():
+    T = 8
+    for attention, extra in (("espa", {}), ("uspa", {})):
+        cfg = GPTConfig(block_size=T, n_layer=3, attention=attention, activation="linear",
+                        kernel_budget="independent", **extra)
+        plan = make_plan(cfg)
+        for l in range(1, 4):
+            np.testing.assert_array_equal(effective_attention(cfg, plan, l, T),
+                                          realise(*layer_bias(plan, l, T)))
+        assert len(plan_targets(plan, T)) == 3
+        np.testing.assert_array_equal(plan_targets(plan, T)[2],
+                                      kernels.spa_kernel(attention, T, plan.schedule[3]))
+    cfg = GPTConfig(block_size=T, n_layer=2, attention="value_skipinit", activation="linear")
+    plan = make_plan(cfg)
+    np.testing.assert_array_equal(effective_attention(cfg, plan, 1, T), np.eye(T))
+    assert plan_targets(plan, T) == [None, None]
+    cfg = GPTConfig(block_size=T, n_layer=2, attention="softmax", zero_query=True, activation="linear")
+    np.testing.assert_array_equal(effective_attention(cfg, make_plan(cfg), 2, T),
+                                  kernels.uniform_causal_attention(T))
+    cfg = GPTConfig(block_size=T, n_layer=2, attention="softmax", activation="linear")
+    assert effective_attention(cfg, make_plan(cfg), 1, T) is None   # mean field instead
 
 
-def test_softmax_mean_field_is_uniform_when_tokens_are_identical():
-    """Fully correlated tokens give equal logits in every row: P is exactly uniform."""
-    S = np.ones((6, 6))
-    P = kernels.uniform_causal_attention(6)
-    np.testing.assert_allclose(softmax_attention_map(S, n_samples=8), P @ S @ P.T, atol=1e-12)
+def test_softmax_with_random_queries_is_a_noted_mean_field_estimate():
+    cfg = GPTConfig(block_size=6, n_layer=2, attention="softmax", activation="linear")
+    pred = predict_kernels(cfg, softmax_samples=4)
+    assert pred.layers[0]["A"] is None and "mean-field" in pred.notes[0] and "4 Gaussian" in pred.notes[0]
+    pred0 = predict_kernels(cfg, softmax_samples=0)
+    assert "uniform" in pred0.notes[0]
+    zq = predict_kernels(GPTConfig(**{**cfg.to_dict(), "zero_query": True}))
+    np.testing.assert_allclose(pred0.kernel(2), zq.kernel(2), rtol=1e-15)   # 0 samples: zero-query map
+    assert zq.notes == []
 
 
 def test_prediction_rows_and_q_values():
     cfg = GPTConfig(block_size=16, n_layer=4, activation="tat_lrelu", kernel_budget="independent", eta=0.5)
     pred = predict_kernels(cfg)
+    assert isinstance(pred, KernelPrediction) and pred.T == 16 and pred.config is cfg
     assert pred.q(4).shape == (16,) and pred.q(4)[0] == pytest.approx(1.0)
+    np.testing.assert_array_equal(pred.kernel(0), pred.sigma_0)
     rows = pred.rows()
     assert len(rows) == 1 + 2 * 4 and rows[-1]["layer"] == 4 and "target_mean_offdiag" in rows[-1]
+    assert rows[-1]["mean_offdiag"] == pred.stats(4)["mean_offdiag"]
     assert "q_max" in pred.table()
+    assert len(pred.table(every=2).splitlines()) == 1 + 1 + 2 * 2      # head, input, layers 2 and 4
+    np.testing.assert_array_equal(pred.final, pred.kernel(4))          # no final norm here
     with pytest.raises(ValueError, match="sublayer='ffn'"):
         pred.kernel(1, "ffn")
     with pytest.raises(ValueError, match="sigma_0"):
         predict_kernels(cfg, sigma_0=np.eye(17))
+
+
+def test_sinusoidal_default_input_kernel():
+    """Without sigma_0 the prediction starts from the distinct-token kernel with the model's
+    own positions (pos="sinusoidal" needs n_embd)."""
+    cfg = GPTConfig(block_size=8, n_layer=2, n_embd=32, pos="sinusoidal", activation="linear")
+    pred = predict_kernels(cfg)
+    np.testing.assert_array_equal(pred.sigma_0, input_kernel(T=8, pos="sinusoidal", n_embd=32))
 
 
 # ------------------------------------------------------------------ against wide networks
