@@ -9,7 +9,7 @@ step of a mainstream framework doing exactly the same arithmetic on the same mac
 buffers B_l, D_l and the shaped activation's numbers are nanospa's), with the same block
 structure as nanospa/model.py, written the way a PyTorch user would write it in eager mode
 (a manual attention, as in nanoGPT's non-flash path: scores, + B_l, causal mask, softmax,
-rows scaled by D_l, times V). tests/test_bench.py checks that it gives nanospa's loss for
+rows scaled by D_l, times V). tests/test_bench_torch.py checks that it gives nanospa's loss for
 the same weights. ``sdpa=True`` swaps in torch's fused scaled_dot_product_attention
 (B_l and the causal mask as one additive mask), for reference only; D_l scales the rows of
 the attention output either way, since diag(D) (P V) = (diag(D) P) V.
@@ -17,11 +17,16 @@ the attention output either way, since diag(D) (P V) = (diag(D) P) V.
 Supported: attention softmax | value_skipinit | uspa | espa; residual none | standard |
 normalised; norm none | layernorm | rmsnorm (pre or post); pos none | learned | sinusoidal;
 every base activation of functions.Shaped. Not supported: norm="dyt", bias=True.
+
+Not here: the timing (bench_measure.py), the command line (bench.py). Only nanospa's
+modules import this file, and only after `import torch` has worked.
 """
 import math
 
 import torch
 import torch.nn.functional as TF
+
+from .fused import LAYER_NORM_EPS, RMS_NORM_EPS   # nanospa's norms' eps, so both compute the same
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -62,9 +67,9 @@ class TorchGPT(torch.nn.Module):
                 self.params[k.replace(".", "_")] = torch.nn.Parameter(t)
             else:
                 self.buffers_[k] = t
-        opts = model.plan.activation.options
-        self.act = _act(model.plan.activation.base, opts["a"], opts["b"], opts["s"], opts["o"],
-                        opts.get("slope", 0.0))
+        act = model.activation                      # model.ShapedActivation: the numbers of functions.Shaped
+        opts = act.options
+        self.act = _act(act.base, opts["a"], opts["b"], opts["s"], opts["o"], opts.get("slope"))
         T = cfg.block_size
         self.mask = torch.triu(torch.full((T, T), -math.inf, dtype=dt, device=device), 1)
 
@@ -78,9 +83,10 @@ class TorchGPT(torch.nn.Module):
     def norm(self, x, prefix):
         cfg = self.cfg
         if cfg.norm == "layernorm":
-            return TF.layer_norm(x, (cfg.n_embd,), self.p(prefix + ".weight"), self.p(prefix + ".bias"), 1e-5)
+            return TF.layer_norm(x, (cfg.n_embd,), self.p(prefix + ".weight"), self.p(prefix + ".bias"),
+                                 LAYER_NORM_EPS)
         if cfg.norm == "rmsnorm":
-            return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * self.p(prefix + ".weight")
+            return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + RMS_NORM_EPS) * self.p(prefix + ".weight")
         return x
 
     def attention(self, x, i):
