@@ -1,31 +1,17 @@
-"""python -m nanospa.bench: how fast a nanospa training step is, beside PyTorch.
+"""python -m nanospa.bench [--key=value ...]: how fast a nanospa training step is, beside PyTorch.
 
-For each named configuration it times a full training step (forward, backward, AdamW
-update) and reports
+For each named configuration (--config=ref,ref512,...) it times a full training step
+(forward, backward, AdamW update) and reports
 
     tokens/s       B * T / (median step time over ``--steps`` steps after ``--warmup``)
     GEMM peak      FLOP/s of a large float32 (or the model's dtype) matrix product,
                    measured in the same run, with the same threads, between the steps
-    model FLOPs    per step, by the formula below
+    model FLOPs    per step, by the formula in nanospa/bench_measure.py
     MFU            model FLOPs per second / GEMM peak
     peak memory    CPU: the resident set's high-water mark of a fresh process that builds the
-                   model and trains a few steps, minus its resident set after imports (so
-                   PyTorch's larger library is not counted against it); the whole process's
-                   peak is reported too. GPU: bytes held by CuPy's memory pool
-                   (backend.memory_pool_bytes()) and torch.cuda.max_memory_reserved().
-
-Model FLOPs per step (forward + backward = 3 x forward, as in PaLM's MFU):
-
-    N     = L (4 C^2 + 2 m C^2) + C V      weights that multiply activations: q, k, v, proj,
-                                           MLP fc and proj (m = mlp_ratio), the head;
-                                           embeddings are lookups and are not counted
-    FLOPs = B T (6 N + 12 L T C)           6 N: a multiply-add per weight, 3 passes;
-                                           12 L T C: Q K^T and P V, 2 T C each per token and
-                                           layer forward, times 3; the full T x T square is
-                                           counted (both nanospa and PyTorch eager compute it;
-                                           counting only the causal half would give 6 L T C)
-
-Elementwise work, softmax, the loss and the optimiser are not counted.
+                   model and trains a few steps, minus its resident set after imports;
+                   GPU: CuPy's memory pool and torch.cuda.max_memory_reserved()
+                   (nanospa/bench_memory.py)
 
 When PyTorch imports (optional, never a dependency), the same model (nanospa's weights, see
 nanospa/bench_torch.py, a yardstick only) is stepped in PyTorch eager mode with the same
@@ -45,48 +31,95 @@ reads OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE) when it loads; the report shows t
 with threadpoolctl, the kernel OpenBLAS chose, so a run with them unset (``env -u
 OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m nanospa.bench``) can be told apart.
 
+Settings are nanospa's --key=value (nanospa/settings.py; --help lists them). Every GPTConfig
+field (and batch_size) is a setting too: set explicitly, it overrides every configuration,
+e.g. --n_layer=24 --batch_size=4. Bad settings: one ``error:`` line, exit status 2.
+
 The benchmark is not a test: tests/test_bench.py runs it once on a tiny configuration.
+Not here: the timing and FLOP count (bench_measure.py), memory probes (bench_memory.py), the
+printed report (bench_report.py), the PyTorch model (bench_torch.py).
 """
-import argparse
 import datetime
 import gc
 import json
 import os
-import platform
-import subprocess
 import sys
-import time
+from dataclasses import fields
 
 import numpy as np
 
 from . import backend
-from .model import GPT, GPTConfig
-from .optim import AdamW
-from .tensor import sharded_backward
+from .bench_measure import (CONFIGS, GemmProbe, NanospaStep, TorchStep, make_batch, make_config, model_flops,
+                            time_steps)
+from .bench_memory import gpu_peaks, measure_cpu, probe_line, reset_gpu, status_bytes
+from .bench_report import format_report, machine_info
+from .config import GPTConfig
+from .model import GPT
+from .settings import SettingsError, fail, help_text, parse_settings, source_notes, wants_help
 
-# name -> (GPTConfig fields, batch size). "ref" is the reference configuration of the README.
-CONFIGS = {
-    "ref": (dict(vocab_size=256, block_size=256, n_layer=12, n_head=4, n_embd=256), 8),
-    "ref512": (dict(vocab_size=256, block_size=256, n_layer=12, n_head=4, n_embd=512), 8),
-    "gpu": (dict(vocab_size=256, block_size=512, n_layer=12, n_head=8, n_embd=512), 32),
-    "tiny": (dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32), 2),
-}
-ARCH = dict(attention="espa", activation="tat_lrelu", residual="none", norm="none", pos="none")
-OPTIM = dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)  # nanoGPT-like; same in both frameworks
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # reported
+# ----------------------------------------------------------------------------- settings
+# The comment beside each key is its --help line.
+BENCH_DEFAULTS = dict(
+    config=("ref",),           # comma-separated configurations: ref, ref512, gpu, tiny (bench_measure.CONFIGS)
+    device="cpu",              # cpu | cuda
+    dtype="float32",           # float32 | float64
+    threads=2,                 # CPU threads for both frameworks
+    cpu_threading="shards",    # shards: worker threads on batch slices over 1-thread BLAS | blas: one thread, n-thread BLAS
+    steps=10,                  # timed steps per framework
+    warmup=2,                  # untimed steps per framework first
+    gemm_n=0,                  # GEMM peak matrix size; 0 = 2048 on the CPU, 8192 on a GPU
+    settle=0.2,                # seconds idle before each timed call, so that threads left spinning do not compete
+    gemm_reps=2,               # GEMM samples per round (the best counts)
+    torch="auto",              # auto: the PyTorch yardstick if torch imports | no
+    torch_sdpa=False,          # PyTorch uses scaled_dot_product_attention instead of the manual attention
+    no_memory=False,           # skip the CPU memory probes
+    json=False,                # print machine-readable results
+    batch_size=0,              # sequences per step; 0 = the configuration's
+)
+PROBE_DEFAULTS = dict(         # internal: the fresh process of a CPU memory probe
+    memory_probe="",           # the framework a fresh process measures (set by bench_memory.measure_cpu)
+    memory_steps=3,            # training steps of a memory probe
+)
+MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "dtype"]   # dtype is a bench key
+DEFAULTS = {**BENCH_DEFAULTS, **PROBE_DEFAULTS, **{f.name: f.default for f in fields(GPTConfig)
+                                                  if f.name in MODEL_KEYS}}
+CHOICES = dict(device=("cpu", "cuda"), dtype=("float32", "float64"), cpu_threading=("shards", "blas"),
+               torch=("auto", "no"), memory_probe=("", "nanospa", "pytorch"))
+GEMM_N = dict(cpu=2048, cuda=8192)   # --gemm_n=0: the GEMM probe's size per device
 
 
-def model_flops(cfg, batch_size):
-    """Model FLOPs of one training step (see the module docstring for what is counted)."""
-    L, C, T, V = cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.vocab_size
-    n_matmul = L * (4 * C * C + 2 * cfg.mlp_ratio * C * C) + C * V
-    per_token = 6 * n_matmul + 12 * L * T * C
-    return dict(n_matmul_params=n_matmul, per_token=per_token, per_step=per_token * batch_size * T,
-                formula="B*T*(6*N + 12*L*T*C), N = L*(4+2*mlp_ratio)*C^2 + C*V")
+def parse_args(argv):
+    """Settings from the command line; SettingsError names a bad one."""
+    if any(a == "--set" or a.startswith("--set=") for a in argv):
+        raise SettingsError("--set KEY=VALUE is now --KEY=VALUE, e.g. --n_layer=24 or --batch_size=4")
+    s = parse_settings(argv, DEFAULTS)
+    explicit = s.pop("_explicit")
+    s["overrides"] = {k: s[k] for k in MODEL_KEYS + ["batch_size"] if k in explicit}
+    if s["batch_size"] == 0:
+        s["overrides"].pop("batch_size", None)            # 0: the configuration's own batch size
+    for name in s["config"]:
+        if name not in CONFIGS:
+            raise SettingsError(f"unknown configuration {name!r}; choose among {', '.join(CONFIGS)}")
+    if not s["config"]:
+        raise SettingsError(f"--config needs a configuration: {', '.join(CONFIGS)}")
+    for key, allowed in CHOICES.items():
+        if s[key] not in allowed:
+            raise SettingsError(f"--{key}={s[key]}: one of {', '.join(allowed)}")
+    for key, low in (("threads", 1), ("steps", 1), ("gemm_reps", 1), ("memory_steps", 1),
+                     ("warmup", 0), ("gemm_n", 0), ("batch_size", 0), ("settle", 0)):
+        if s[key] < low:
+            raise SettingsError(f"--{key} must be >= {low}, got {s[key]}")
+    return s
+
+
+def usage():
+    """The --help screen: the benchmark's keys with their defaults, then the GPTConfig fields."""
+    text = help_text(__doc__.splitlines()[0], BENCH_DEFAULTS, source_notes(__file__))
+    return (text + "\nEvery GPTConfig field is a setting too; set explicitly, it overrides the value of every"
+            " configuration: " + ", ".join(f"--{k}" for k in MODEL_KEYS) + ".")
 
 
 # ----------------------------------------------------------------------------- threads
-
 
 def _threadpoolctl():
     try:
@@ -129,182 +162,30 @@ def _torch():
         return None
 
 
-# ----------------------------------------------------------------------------- runners
+# ----------------------------------------------------------------------------- one configuration
 
-
-def make_config(name, overrides, dtype):
-    fields, batch = CONFIGS[name]
-    fields = {**fields, **ARCH, "dtype": dtype, **overrides}
-    batch = int(fields.pop("batch_size", batch))
-    return GPTConfig(**fields), batch
-
-
-def make_batch(cfg, batch_size, seed=0):
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, cfg.vocab_size, (batch_size, cfg.block_size))
-    return idx, np.roll(idx, -1, axis=1)
-
-
-class NanospaStep:
-    """One nanospa training step: forward, backward, AdamW, zero_grad."""
-    name = "nanospa"
-
-    def __init__(self, model, idx, targets):
-        self.model = model
-        self.opt = AdamW(model.parameters(), **OPTIM)
-        self.idx, self.targets = backend.asarray(idx), backend.asarray(targets)
-
-    def loss(self, idx, targets):
-        return self.model(idx, targets)[1]
-
-    def __call__(self):
-        backend.synchronize()
-        t = time.perf_counter()
-        sharded_backward(self.loss, self.idx, self.targets)  # loss.backward() with one thread
-        self.opt.step()
-        self.opt.zero_grad()
-        backend.synchronize()
-        return time.perf_counter() - t
-
-
-class TorchStep:
-    """The same step of the PyTorch yardstick (bench_torch.TorchGPT)."""
-    name = "pytorch"
-
-    def __init__(self, torch, model, idx, targets, device, sdpa=False):
-        from .bench_torch import TorchGPT
-        self.torch, self.device = torch, device
-        self.model = TorchGPT(model, device=device, sdpa=sdpa)
-        self.opt = torch.optim.AdamW(self.model.param_groups(model, OPTIM["weight_decay"]),
-                                     lr=OPTIM["lr"], betas=OPTIM["betas"])
-        self.idx = torch.as_tensor(idx, device=device)
-        self.targets = torch.as_tensor(targets, device=device)
-
-    def sync(self):
-        if self.device == "cuda":
-            self.torch.cuda.synchronize()
-
-    def __call__(self):
-        self.sync()
-        t = time.perf_counter()
-        _, loss = self.model(self.idx, self.targets)
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        self.sync()
-        return time.perf_counter() - t
-
-
-class GemmProbe:
-    """n x n @ n x n products of the model's dtype on the benchmark's device, one per
-    nanospa worker thread, run at once: 2 n^3 FLOPs each."""
-
-    def __init__(self, n, dtype):
-        xp = backend.xp()
-        rng = np.random.default_rng(1)
-        self.a = backend.asarray(rng.standard_normal((n, n)).astype(dtype))  # no device temporary
-        self.b = backend.asarray(rng.standard_normal((n, n)).astype(dtype))
-        self.outs = [xp.empty((n, n), dtype=dtype) for _ in range(backend.threads())]
-        self.flops = 2.0 * n ** 3 * len(self.outs)
-        self.nbytes = (2 + len(self.outs)) * self.a.nbytes
-        self.xp = xp
-
-    def __call__(self):
-        backend.synchronize()
-        t = time.perf_counter()
-        backend.parallel_map(lambda out: self.xp.matmul(self.a, self.b, out=out), self.outs)
-        backend.synchronize()
-        return self.flops / (time.perf_counter() - t)
-
-
-# ----------------------------------------------------------------------------- memory
-
-
-def _status_kb(field):
-    """A field of /proc/self/status in bytes (VmRSS, VmHWM), or None off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def memory_probe(framework, args):
-    """Run in a fresh process (``--memory_probe``): build one framework's model and train
-    a few steps; print the resident set after imports and its high-water mark."""
-    configure_cpu_threads(args.threads, args.cpu_threading, sys.argv[1:] if args.reexec else None)
-    torch = _torch() if framework == "pytorch" else None
-    if torch is not None:
-        torch.set_num_threads(args.threads)
-    gc.collect()
-    base = _status_kb("VmRSS")
-    cfg, batch = make_config(args.config.split(",")[0], parse_overrides(args.set), args.dtype)
-    model = GPT(cfg, seed=0)
-    idx, targets = make_batch(cfg, batch)
-    if framework == "pytorch":
-        step = TorchStep(torch, model, idx, targets, "cpu", sdpa=args.torch_sdpa)
-        del model
-        gc.collect()
-    else:
-        step = NanospaStep(model, idx, targets)
-    for _ in range(args.memory_steps):
-        step()
-    print(json.dumps(dict(base_rss=base, peak_rss=_status_kb("VmHWM"))))
-
-
-def measure_memory_cpu(framework, argv):
-    """Peak resident memory of a fresh process training ``framework`` (CPU)."""
-    cmd = [sys.executable, "-m", "nanospa.bench", *argv, f"--memory_probe={framework}"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"memory probe for {framework} failed: {out.stderr.strip()[-400:]}")
-    d = json.loads(out.stdout.strip().splitlines()[-1])
-    if d["peak_rss"] is None or d["base_rss"] is None:
-        return dict(peak_bytes=None, process_peak_bytes=None)
-    return dict(peak_bytes=d["peak_rss"] - d["base_rss"], process_peak_bytes=d["peak_rss"])
-
-
-# ----------------------------------------------------------------------------- one config
-
-
-def run_config(name, args, argv, torch):
-    cfg, batch = make_config(name, parse_overrides(args.set), args.dtype)
+def run_config(name, s, argv, torch):
+    """Time configuration `name` in nanospa (and PyTorch when given); -> its result dict."""
+    cfg, batch = make_config(name, s["overrides"], s["dtype"])
     flops = model_flops(cfg, batch)
     tokens = batch * cfg.block_size
-    if args.device == "cuda":  # count this configuration's memory only
+    if s["device"] == "cuda":  # count this configuration's memory only
         gc.collect()
-        backend.free_memory_pool()
-        if torch is not None:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+        reset_gpu(torch)
     model = GPT(cfg, seed=0)
     idx, targets = make_batch(cfg, batch)
     runners = [NanospaStep(model, idx, targets)]
     if torch is not None:
-        runners.append(TorchStep(torch, model, idx, targets, args.device, sdpa=args.torch_sdpa))
-    gemm = GemmProbe(args.gemm_n, cfg.dtype)
-    for _ in range(args.warmup):
-        for r in runners:
-            r()
-        gemm()
-    times = {r.name: [] for r in runners}
-    peaks = []
-    for i in range(args.steps):
-        order = runners if i % 2 == 0 else runners[::-1]  # alternate who goes first
-        for r in order:
-            time.sleep(args.settle)  # let the other library's spinning worker threads go idle
-            times[r.name].append(r())
-        time.sleep(args.settle)
-        peaks.append(max(gemm() for _ in range(args.gemm_reps)))
+        runners.append(TorchStep(torch, model, idx, targets, s["device"], sdpa=s["torch_sdpa"]))
+    gemm = GemmProbe(s["gemm_n"], cfg.dtype)
+    times, peaks = time_steps(runners, gemm, s["steps"], s["warmup"], s["settle"], s["gemm_reps"])
     peak = float(np.median(peaks))
+    cpu = s["device"] == "cpu"
     result = dict(config=name, gpt_config=cfg.to_dict(), batch_size=batch, tokens_per_step=tokens,
-                  device=args.device, threads=args.threads if args.device == "cpu" else None,
-                  cpu_threading=args.cpu_threading if args.device == "cpu" else None,
-                  dtype=cfg.dtype, steps=args.steps, warmup=args.warmup,
-                  model_flops=flops, gemm_n=args.gemm_n, gemm_peak_flops=peak, frameworks={})
+                  device=s["device"], threads=s["threads"] if cpu else None,
+                  cpu_threading=s["cpu_threading"] if cpu else None,
+                  dtype=cfg.dtype, steps=s["steps"], warmup=s["warmup"],
+                  model_flops=flops, gemm_n=s["gemm_n"], gemm_peak_flops=peak, frameworks={})
     for r in runners:
         t = np.asarray(times[r.name])
         med = float(np.median(t))
@@ -317,174 +198,86 @@ def run_config(name, args, argv, torch):
         result["ratio_nanospa_over_pytorch"] = dict(
             median=float(np.median(ratio)), q25=float(np.quantile(ratio, 0.25)),
             q75=float(np.quantile(ratio, 0.75)))
-    # memory
-    if args.device == "cuda":
-        # the pool keeps every block it ever handed out: its size is the peak (less the probe)
-        result["frameworks"]["nanospa"]["peak_mem_bytes"] = backend.memory_pool_bytes() - gemm.nbytes
-        if torch is not None:
-            result["frameworks"]["pytorch"]["peak_mem_bytes"] = int(torch.cuda.max_memory_reserved())
+    if not cpu:
+        for framework, nbytes in gpu_peaks(torch, gemm.nbytes).items():
+            result["frameworks"][framework]["peak_mem_bytes"] = nbytes
         result["memory_kind"] = "CuPy memory pool bytes / torch.cuda.max_memory_reserved"
-    elif args.memory:
+    elif not s["no_memory"]:
         probe_argv = [a for a in argv if not a.startswith("--config=")] + [f"--config={name}"]
         for r in runners:
-            m = measure_memory_cpu(r.name, probe_argv)
+            m = measure_cpu(r.name, probe_argv)
             result["frameworks"][r.name]["peak_mem_bytes"] = m["peak_bytes"]
             result["frameworks"][r.name]["process_peak_rss_bytes"] = m["process_peak_bytes"]
         result["memory_kind"] = "peak RSS of a fresh process minus its RSS after imports"
     return result
 
 
-# ----------------------------------------------------------------------------- report
+def memory_probe(s, reexec_argv):
+    """The fresh process of a CPU memory probe (--memory_probe=FRAMEWORK): build one
+    framework's model, train --memory_steps steps, print bench_memory.probe_line."""
+    configure_cpu_threads(s["threads"], s["cpu_threading"], reexec_argv)
+    torch = _torch() if s["memory_probe"] == "pytorch" else None
+    if torch is not None:
+        torch.set_num_threads(s["threads"])
+    gc.collect()
+    base = status_bytes("VmRSS")
+    cfg, batch = make_config(s["config"][0], s["overrides"], s["dtype"])
+    model = GPT(cfg, seed=0)
+    idx, targets = make_batch(cfg, batch)
+    if s["memory_probe"] == "pytorch":
+        step = TorchStep(torch, model, idx, targets, "cpu", sdpa=s["torch_sdpa"])
+        del model
+        gc.collect()
+    else:
+        step = NanospaStep(model, idx, targets)
+    for _ in range(s["memory_steps"]):
+        step()
+    print(probe_line(base))
 
 
-def machine_info(args, torch, threads_info):
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    info = dict(date=args.started,
-                command="python -m nanospa.bench " + " ".join(sys.argv[1:]),
-                platform=platform.platform(), cpu=cpu, cpu_count=os.cpu_count(),
-                python=platform.python_version(), numpy=np.__version__,
-                torch=getattr(torch, "__version__", None),
-                env={v: os.environ.get(v) for v in THREAD_VARS + ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")})
-    try:  # other users of a shared machine show here: at the start and at the end of the run
-        info["load_average"] = os.getloadavg()
-        info["load_average_start"] = args.load_start
-    except OSError:
-        pass
-    if threads_info:
-        info["threads"] = threads_info
-    if args.device == "cuda":
-        xp = backend.xp()  # CuPy, reached through backend (the only module that imports it)
-        info["cupy"] = xp.__version__
-        try:
-            name = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"]
-            info["gpu"] = name.decode() if isinstance(name, bytes) else str(name)
-        except Exception:  # a name is nice to have; never fail a benchmark over it
-            info["gpu"] = "unknown"
-    return info
+# ----------------------------------------------------------------------------- the command
 
-
-def _mib(b):
-    return "-" if b is None else f"{b / 2 ** 20:.0f} MiB"
-
-
-def format_report(report):
-    m = report["machine"]
-    lines = [f"nanospa bench  {m['date']}  {m['cpu']} ({m['cpu_count']} cores)"
-             + (f"  GPU {m['gpu']}" if "gpu" in m else ""),
-             f"command: {m['command']}",
-             f"numpy {m['numpy']}, torch {m['torch'] or 'not installed'}"
-             + (f", load average {m['load_average_start'][0]:.1f} at start, {m['load_average'][0]:.1f} at end"
-                if m.get("load_average_start") else "")]
-    th = m.get("threads")
-    if th:
-        blas = [d for d in th.get("libraries", []) if d["internal_api"] == "openblas"]
-        lines.append(f"threads: nanospa {th['nanospa_threads']} x BLAS {th['blas_threads']} "
-                     f"({th['mode']}; BLAS threads by {th['blas_threads_set_by']})"
-                     + (f"; numpy's OpenBLAS {blas[0]['version']} kernel {blas[0]['architecture']}" if blas else "")
-                     + f"; OPENBLAS_CORETYPE={m['env']['OPENBLAS_CORETYPE']}")
-    for r in report["results"]:
-        c, f = r["gpt_config"], r["model_flops"]
-        lines.append("")
-        lines.append(f"[{r['config']}] L={c['n_layer']} C={c['n_embd']} H={c['n_head']} T={c['block_size']} "
-                     f"B={r['batch_size']} V={c['vocab_size']} {c['attention']}/{c['activation']} "
-                     f"{r['dtype']} {r['device']}"
-                     + (f" threads={r['threads']} ({r['cpu_threading']})" if r["threads"] else ""))
-        lines.append(f"  model FLOPs/step {f['per_step'] / 1e9:.2f} G ({f['formula']}); "
-                     f"GEMM peak {r['gemm_peak_flops'] / 1e9:.1f} GFLOP/s (n={r['gemm_n']})")
-        lines.append(f"  {'framework':10s} {'tokens/s':>10s} {'ms/step':>9s} {'MFU':>6s} {'peak mem':>10s}")
-        for name, d in r["frameworks"].items():
-            lines.append(f"  {name:10s} {d['tokens_per_s']:10.0f} {1e3 * d['step_s_median']:9.1f} "
-                         f"{100 * d['mfu']:5.1f}% {_mib(d.get('peak_mem_bytes')):>10s}")
-        if "ratio_nanospa_over_pytorch" in r:
-            q = r["ratio_nanospa_over_pytorch"]
-            lines.append(f"  speed nanospa/pytorch: {q['median']:.2f} (median of {r['steps']} paired steps, "
-                         f"quartiles {q['q25']:.2f}-{q['q75']:.2f})")
-    return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- command line
-
-
-def parse_overrides(items):
-    out = {}
-    for item in items or []:
-        key, _, value = item.partition("=")
-        if not value:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            out[key] = int(value)
-        except ValueError:
-            try:
-                out[key] = float(value)
-            except ValueError:
-                out[key] = value
-    return out
-
-
-def build_parser():
-    p = argparse.ArgumentParser(prog="python -m nanospa.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--config", default="ref",
-                   help=f"comma-separated names among {', '.join(CONFIGS)} (default ref)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a GPTConfig field or batch_size, e.g. --set n_layer=24")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    p.add_argument("--threads", type=int, default=2, help="CPU threads for both frameworks")
-    p.add_argument("--cpu_threading", default="shards", choices=("shards", "blas"),
-                   help="nanospa's CPU threads: worker threads on batch slices over 1-thread BLAS "
-                        "(shards), or one thread over an n-thread BLAS (blas)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per framework")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per framework first")
-    p.add_argument("--gemm_n", type=int, default=0, help="GEMM peak matrix size (0: 2048 CPU, 8192 GPU)")
-    p.add_argument("--settle", type=float, default=0.2,
-                   help="seconds of idle before each timed call, so that BLAS/OpenMP worker threads "
-                        "left spinning by the previous call do not compete with it")
-    p.add_argument("--gemm_reps", type=int, default=2, help="GEMM samples per round (the best counts)")
-    p.add_argument("--torch", default="auto", choices=("auto", "no"), help="run the PyTorch yardstick if installed")
-    p.add_argument("--torch_sdpa", action="store_true",
-                   help="PyTorch uses scaled_dot_product_attention instead of the manual attention")
-    p.add_argument("--no_memory", dest="memory", action="store_false", help="skip the CPU memory probes")
-    p.add_argument("--memory_steps", type=int, default=3, help=argparse.SUPPRESS)
-    p.add_argument("--memory_probe", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--json", action="store_true", help="print machine-readable results")
-    return p
-
-
-def main(argv=None):
-    reexec = argv is None  # only the command line may be re-run with new thread variables
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
-    args.reexec = reexec
-    args.started = datetime.datetime.now().isoformat(timespec="seconds")
-    args.load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
-    for name in args.config.split(","):
-        if name not in CONFIGS:
-            raise SystemExit(f"unknown configuration {name!r}; choose among {', '.join(CONFIGS)}")
-    if args.threads < 1 or args.steps < 1 or args.warmup < 0:
-        raise SystemExit("--threads and --steps must be >= 1 and --warmup >= 0")
-    if args.memory_probe:
-        return memory_probe(args.memory_probe, args)
+def run(s, argv, reexec):
+    """The benchmark with parsed settings; -> the report dict (printed as text or JSON)."""
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    reexec_argv = argv if reexec else None     # only the command line may be re-run with new variables
+    if s["memory_probe"]:
+        memory_probe(s, reexec_argv)
+        return None
     threads_info = None
-    if args.device == "cpu":
-        threads_info = configure_cpu_threads(args.threads, args.cpu_threading, argv if args.reexec else None)
-    backend.use(args.device)
-    args.gemm_n = args.gemm_n or (8192 if args.device == "cuda" else 2048)
-    torch = _torch() if args.torch == "auto" else None
-    if torch is not None and args.device == "cuda" and not torch.cuda.is_available():
+    if s["device"] == "cpu":
+        threads_info = configure_cpu_threads(s["threads"], s["cpu_threading"], reexec_argv)
+    backend.use(s["device"])
+    s["gemm_n"] = s["gemm_n"] or GEMM_N[s["device"]]
+    torch = _torch() if s["torch"] == "auto" else None
+    if torch is not None and s["device"] == "cuda" and not torch.cuda.is_available():
         print("PyTorch sees no GPU (a CPU-only build?): no yardstick", file=sys.stderr)
         torch = None
-    if torch is not None and args.device == "cpu":
-        torch.set_num_threads(args.threads)
-    results = [run_config(name, args, argv, torch) for name in args.config.split(",")]
-    report = dict(machine=machine_info(args, torch, threads_info), results=results)
-    print(json.dumps(report, indent=1) if args.json else format_report(report))
+    if torch is not None and s["device"] == "cpu":
+        torch.set_num_threads(s["threads"])
+    results = [run_config(name, s, argv, torch) for name in s["config"]]
+    report = dict(machine=machine_info(started, load_start, s["device"], torch, threads_info), results=results)
+    print(json.dumps(report, indent=1) if s["json"] else format_report(report))
     return report
 
 
+def main(argv=None):
+    """-> exit status: 0 done, 2 bad settings or no such device (one error: line)."""
+    reexec = argv is None
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if wants_help(argv):
+        print(usage())
+        return 0
+    threads = backend.threads()                       # run() sets its own; restored for callers
+    try:
+        run(parse_args(argv), argv, reexec)
+        return 0
+    except (SettingsError, ValueError, backend.DeviceError) as e:
+        return fail(e)
+    finally:
+        backend.set_threads(threads)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,13 +1,11 @@
-"""The benchmark and the engine fast paths it led to.
+"""python -m nanospa.bench (nanospa/bench.py): it runs once on a tiny configuration and
+reports what it should (no time is asserted: the benchmark is not a test); its settings
+are nanospa's --key=value, bad ones give one error: line and exit status 2.
 
-- ``python -m nanospa.bench`` runs once on a tiny configuration and reports what it should
-  (no time is asserted: the benchmark is not a test);
-- the FLOP formula, by hand;
-- the PyTorch yardstick computes nanospa's loss and gradients for the same weights
-  (skipped without torch).
-
-The engine fast paths the benchmark led to are tested next to the code they live in
-(tests/test_functions.py, test_fused.py, test_tensor.py, test_backend.py, ...).
+The parts have their own files: tests/test_bench_measure.py (the FLOP formula, the timed
+rounds), test_bench_memory.py, test_bench_report.py, test_bench_torch.py (the PyTorch
+yardstick). The engine fast paths the benchmark led to are tested next to the code they
+live in (tests/test_functions.py, test_fused.py, test_tensor.py, test_backend.py, ...).
 """
 import json
 import subprocess
@@ -17,33 +15,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nanospa import GPT, GPTConfig
-from nanospa.bench import model_flops
+from nanospa import GPTConfig, backend
+from nanospa.bench import DEFAULTS, MODEL_KEYS, main, parse_args
+from nanospa.bench_measure import model_flops
+from nanospa.settings import SettingsError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tiny(**kw):
-    base = dict(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8, dtype="float64")
-    base.update(kw)
-    return GPTConfig(**base)
-
-
-# ----------------------------------------------------------------------------- the command
-
-
-def test_model_flops_by_hand():
-    cfg = GPTConfig(vocab_size=10, block_size=4, n_layer=2, n_head=1, n_embd=3, mlp_ratio=4)
-    f = model_flops(cfg, batch_size=5)
-    N = 2 * (4 * 9 + 2 * 4 * 9) + 3 * 10          # q, k, v, proj; fc, proj; head = 246
-    assert f["n_matmul_params"] == N
-    assert f["per_token"] == 6 * N + 12 * 2 * 4 * 3
-    assert f["per_step"] == f["per_token"] * 5 * 4
-
-
 def test_bench_command_runs_on_a_tiny_configuration():
     cmd = [sys.executable, "-m", "nanospa.bench", "--config=tiny", "--steps=2", "--warmup=1",
-           "--threads=1", "--torch=no", "--gemm_n=64", "--settle=0", "--set", "n_layer=3", "--json"]
+           "--threads=1", "--torch=no", "--gemm_n=64", "--settle=0", "--n_layer=3", "--json"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
@@ -59,56 +41,48 @@ def test_bench_command_runs_on_a_tiny_configuration():
         assert 0 < nano["peak_mem_bytes"] < nano["process_peak_rss_bytes"]
 
 
-def test_bench_rejects_unknown_configuration():
-    from nanospa.bench import main
-    with pytest.raises(SystemExit, match="unknown configuration 'huge'"):
-        main(["--config=huge"])
+def test_bench_rejects_unknown_configuration(capsys):
+    assert main(["--config=huge"]) == 2
+    assert capsys.readouterr().err == "error: unknown configuration 'huge'; choose among ref, ref512, gpu, tiny\n"
 
 
-# ----------------------------------------------------------------------------- the yardstick
-
-YARDSTICK_CONFIGS = [
-    dict(attention="espa", activation="tat_lrelu"),
-    dict(attention="uspa", activation="tat_gelu"),
-    dict(attention="softmax", residual="standard", norm="layernorm", pos="learned", activation="gelu"),
-    dict(attention="value_skipinit", residual="normalised", norm="rmsnorm", pos="sinusoidal", activation="relu"),
-]
-
-
-def _perturbed(cfg):
-    model = GPT(cfg, seed=0)
-    rng = np.random.default_rng(3)
-    for p in model.parameters():  # move off init (W^Q = 0 there) so every path matters
-        p.data = p.data + 0.3 * rng.standard_normal(p.shape)
-    return model
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "n_layer=24"], "--set KEY=VALUE is now --KEY=VALUE, e.g. --n_layer=24 or --batch_size=4"),
+    (["--stepz=3"], "unknown setting --stepz; did you mean --steps?"),
+    (["--steps=fast"], "--steps=fast: expected int like the default 10"),
+    (["--threads=0"], "--threads must be >= 1, got 0"),
+    (["--warmup=-1"], "--warmup must be >= 0, got -1"),
+    (["--device=tpu"], "--device=tpu: one of cpu, cuda"),
+    (["--cpu_threading=omp"], "--cpu_threading=omp: one of shards, blas"),
+    (["--config=tiny", "--n_head=3", "--torch=no", "--no_memory", "--steps=1", "--warmup=0", "--gemm_n=8",
+      "--settle=0"], "GPTConfig.n_embd=32 is not divisible by n_head=3"),
+])
+def test_bad_settings_give_one_line_and_status_2(argv, message, capsys):
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
 
 
-@pytest.mark.parametrize("kw", YARDSTICK_CONFIGS, ids=lambda kw: kw["attention"])
-def test_torch_yardstick_gives_nanospa_loss_and_gradients(kw):
-    torch = pytest.importorskip("torch")
-    from nanospa.bench_torch import TorchGPT
-    model = _perturbed(tiny(**kw))
-    rng = np.random.default_rng(0)
-    idx = rng.integers(0, 13, (3, 8))
-    tgt = rng.integers(0, 13, (3, 8))
-    _, loss = model(idx, tgt)
-    loss.backward()
-    tm = TorchGPT(model)
-    tloss = tm(torch.as_tensor(idx), torch.as_tensor(tgt))[1]
-    tloss.backward()
-    # float64 on both sides, same operations in a slightly different order: agreement to
-    # a few ulps of the loss, far below any modelling difference (which would be O(1e-2))
-    np.testing.assert_allclose(tloss.item(), loss.item(), rtol=1e-12)
-    for name, p in model.named_parameters():
-        g = tm.params[name.replace(".", "_")].grad.numpy()
-        np.testing.assert_allclose(g, p.grad, rtol=1e-9, atol=1e-12, err_msg=name)
+@pytest.mark.skipif(backend.cuda_available(), reason="this machine has a GPU")
+def test_cuda_without_a_gpu_gives_one_line(capsys):
+    assert main(["--config=tiny", "--device=cuda", "--torch=no"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: device 'cuda'") and err.count("\n") == 1
 
 
-def test_torch_yardstick_sdpa_variant_gives_the_same_loss():
-    torch = pytest.importorskip("torch")
-    from nanospa.bench_torch import TorchGPT
-    model = _perturbed(tiny())
-    idx = np.random.default_rng(1).integers(0, 13, (2, 8))
-    loss = model(idx, idx)[1].item()
-    tloss = TorchGPT(model, sdpa=True)(torch.as_tensor(idx), torch.as_tensor(idx))[1].item()
-    np.testing.assert_allclose(tloss, loss, rtol=1e-10)  # float64; a different summation order
+def test_settings_are_typed_and_model_fields_override_only_when_set():
+    s = parse_args(["--config=tiny,ref", "--n_layer=3", "--batch_size=4", "--json", "--settle=0",
+                    "--attention=softmax"])
+    assert s["config"] == ("tiny", "ref") and s["json"] is True and s["settle"] == 0.0
+    assert s["overrides"] == dict(n_layer=3, batch_size=4, attention="softmax")
+    assert parse_args([])["overrides"] == {} and parse_args([])["config"] == ("ref",)
+    assert parse_args(["--batch_size=0"])["overrides"] == {}          # 0: the configuration's
+    with pytest.raises(SettingsError, match="needs a value"):
+        parse_args(["--n_layer"])
+
+
+def test_help_lists_every_setting(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    listed = {line.split("=")[0].strip() for line in out.splitlines() if line.startswith("  --")}
+    assert listed == {f"--{k}" for k in DEFAULTS if k not in MODEL_KEYS and not k.startswith("memory_")}
+    assert all(f"--{k}" in out for k in MODEL_KEYS) and "--n_layer" in out

@@ -1,0 +1,162 @@
+"""The measuring of ``python -m nanospa.bench``: named configurations, the FLOP count of a
+training step, the timed steps of nanospa and of the PyTorch yardstick, the GEMM peak.
+
+    CONFIGS, make_config(name, overrides, dtype)   the benchmarked models
+    model_flops(cfg, batch_size)                   model FLOPs of one training step
+    NanospaStep, TorchStep                         one timed training step each
+    GemmProbe                                      FLOP/s of n x n products, as nanospa runs them
+    time_steps(runners, gemm, ...)                 alternating timed rounds -> times, peaks
+
+Model FLOPs per step (forward + backward = 3 x forward, as in PaLM's MFU):
+
+    N     = L (4 C^2 + 2 m C^2) + C V      weights that multiply activations: q, k, v, proj,
+                                           MLP fc and proj (m = mlp_ratio), the head;
+                                           embeddings are lookups and are not counted
+    FLOPs = B T (6 N + 12 L T C)           6 N: a multiply-add per weight, 3 passes;
+                                           12 L T C: Q K^T and P V, 2 T C each per token and
+                                           layer forward, times 3; the full T x T square is
+                                           counted (both nanospa and PyTorch eager compute it;
+                                           counting only the causal half would give 6 L T C)
+
+Elementwise work, softmax, the loss and the optimiser are not counted.
+
+Not here: settings, threads and the run of one configuration (bench.py), peak memory
+(bench_memory.py), the printed report (bench_report.py), the PyTorch model (bench_torch.py).
+"""
+import time
+
+import numpy as np
+
+from . import backend
+from .config import GPTConfig
+from .optim import AdamW
+from .tensor import sharded_backward
+
+# name -> (GPTConfig fields, batch size). "ref" is the reference configuration of the README.
+CONFIGS = {
+    "ref": (dict(vocab_size=256, block_size=256, n_layer=12, n_head=4, n_embd=256), 8),
+    "ref512": (dict(vocab_size=256, block_size=256, n_layer=12, n_head=4, n_embd=512), 8),
+    "gpu": (dict(vocab_size=256, block_size=512, n_layer=12, n_head=8, n_embd=512), 32),
+    "tiny": (dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32), 2),
+}
+ARCH = dict(attention="espa", activation="tat_lrelu", residual="none", norm="none", pos="none")
+OPTIM = dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)  # nanoGPT-like; same in both frameworks
+BATCH_SEED, GEMM_SEED = 0, 1   # the random token batch and the GEMM probe's matrices
+
+
+def model_flops(cfg, batch_size):
+    """Model FLOPs of one training step (see the module docstring for what is counted)."""
+    L, C, T, V = cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.vocab_size
+    n_matmul = L * (4 * C * C + 2 * cfg.mlp_ratio * C * C) + C * V
+    per_token = 6 * n_matmul + 12 * L * T * C
+    return dict(n_matmul_params=n_matmul, per_token=per_token, per_step=per_token * batch_size * T,
+                formula="B*T*(6*N + 12*L*T*C), N = L*(4+2*mlp_ratio)*C^2 + C*V")
+
+
+def make_config(name, overrides, dtype):
+    """CONFIGS[name] with the vanilla E-SPA architecture, dtype and overrides (GPTConfig
+    fields, or batch_size) -> (GPTConfig, batch size)."""
+    fields, batch = CONFIGS[name]
+    fields = {**fields, **ARCH, "dtype": dtype, **overrides}
+    batch = int(fields.pop("batch_size", batch))
+    return GPTConfig(**fields), batch
+
+
+def make_batch(cfg, batch_size, seed=BATCH_SEED):
+    """Random tokens (B, T) and their left shift as targets: the data do not change the cost."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, cfg.vocab_size, (batch_size, cfg.block_size))
+    return idx, np.roll(idx, -1, axis=1)
+
+
+class NanospaStep:
+    """One nanospa training step: forward, backward, AdamW, zero_grad."""
+    name = "nanospa"
+
+    def __init__(self, model, idx, targets):
+        self.model = model
+        self.opt = AdamW(model.parameters(), **OPTIM)
+        self.idx, self.targets = backend.asarray(idx), backend.asarray(targets)
+
+    def loss(self, idx, targets):
+        return self.model(idx, targets)[1]
+
+    def __call__(self):
+        backend.synchronize()
+        t = time.perf_counter()
+        sharded_backward(self.loss, self.idx, self.targets)  # loss.backward() with one thread
+        self.opt.step()
+        self.opt.zero_grad()
+        backend.synchronize()
+        return time.perf_counter() - t
+
+
+class TorchStep:
+    """The same step of the PyTorch yardstick (bench_torch.TorchGPT)."""
+    name = "pytorch"
+
+    def __init__(self, torch, model, idx, targets, device, sdpa=False):
+        from .bench_torch import TorchGPT
+        self.torch, self.device = torch, device
+        self.model = TorchGPT(model, device=device, sdpa=sdpa)
+        self.opt = torch.optim.AdamW(self.model.param_groups(model, OPTIM["weight_decay"]),
+                                     lr=OPTIM["lr"], betas=OPTIM["betas"])
+        self.idx = torch.as_tensor(idx, device=device)
+        self.targets = torch.as_tensor(targets, device=device)
+
+    def sync(self):
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def __call__(self):
+        self.sync()
+        t = time.perf_counter()
+        _, loss = self.model(self.idx, self.targets)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.sync()
+        return time.perf_counter() - t
+
+
+class GemmProbe:
+    """n x n @ n x n products of the model's dtype on the benchmark's device, one per
+    nanospa worker thread, run at once: 2 n^3 FLOPs each."""
+
+    def __init__(self, n, dtype):
+        xp = backend.xp()
+        rng = np.random.default_rng(GEMM_SEED)
+        self.a = backend.asarray(rng.standard_normal((n, n)).astype(dtype))  # no device temporary
+        self.b = backend.asarray(rng.standard_normal((n, n)).astype(dtype))
+        self.outs = [xp.empty((n, n), dtype=dtype) for _ in range(backend.threads())]
+        self.flops = 2.0 * n ** 3 * len(self.outs)
+        self.nbytes = (2 + len(self.outs)) * self.a.nbytes
+        self.xp = xp
+
+    def __call__(self):
+        backend.synchronize()
+        t = time.perf_counter()
+        backend.parallel_map(lambda out: self.xp.matmul(self.a, self.b, out=out), self.outs)
+        backend.synchronize()
+        return self.flops / (time.perf_counter() - t)
+
+
+def time_steps(runners, gemm, steps, warmup, settle, gemm_reps):
+    """`warmup` untimed rounds, then `steps` timed ones. In each round every runner steps
+    once (the order alternates, so drift of a shared machine hits both alike), after
+    `settle` seconds of idle, then the GEMM probe runs; the best of `gemm_reps` samples
+    counts. -> ({runner name: [step seconds]}, [GEMM FLOP/s per round])."""
+    for _ in range(warmup):
+        for r in runners:
+            r()
+        gemm()
+    times = {r.name: [] for r in runners}
+    peaks = []
+    for i in range(steps):
+        order = runners if i % 2 == 0 else runners[::-1]  # alternate who goes first
+        for r in order:
+            time.sleep(settle)  # let the other library's spinning worker threads go idle
+            times[r.name].append(r())
+        time.sleep(settle)
+        peaks.append(max(gemm() for _ in range(gemm_reps)))
+    return times, peaks
