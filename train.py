@@ -45,10 +45,11 @@ from nanospa.backend import DeviceError
 from nanospa.checkpoint import (CheckpointError, check_same_model, load_checkpoint, restore, save_checkpoint,
                                 training_state)
 from nanospa.config import GPTConfig
+from nanospa.measure import measured_kernels
 from nanospa.model import GPT
 from nanospa.optim import AdamW, clip_grad_norm, cosine_lr
 from nanospa.settings import SettingsError, fail, help_text, parse_settings, source_notes, wants_help
-from nanospa.signal import kernel_matrix, mean_offdiag, normalised_kernel, q_values
+from nanospa.signal import mean_offdiag, normalised_kernel, q_values
 from nanospa.signal.predict import input_kernel, predict_kernels
 from nanospa.tensor import no_grad, sharded_backward
 
@@ -215,7 +216,7 @@ def train(argv):
         with no_grad():
             loss = {split: float(np.mean([model(x, y)[1].item() for x, y in batches]))
                     for split, batches in eval_sets.items()}
-        kernels = [kernel_matrix(h, mean=True) for h in model.trace(probe).hidden]  # L+1 x (T, T)
+        kernels = measured_kernels(model, probe)["hidden"]  # L+1 batch-mean kernels (T, T)
         return dict(val_loss=loss["val"], eval_train_loss=loss["train"], **layer_stats(kernels))
 
     if not ckpt or s["eval_only"]:
