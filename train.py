@@ -50,7 +50,7 @@ from nanospa.model import GPT
 from nanospa.optim import AdamW, clip_grad_norm, cosine_lr
 from nanospa.settings import SettingsError, fail, help_text, parse_settings, source_notes, wants_help
 from nanospa.signal import mean_offdiag, normalised_kernel, q_values
-from nanospa.signal.predict import input_kernel, predict_kernels
+from nanospa.signal.table import predicted_kernels  # averaged over the probe's own sequences
 from nanospa.tensor import no_grad, sharded_backward
 
 # ----------------------------------------------------------------------------- defaults
@@ -223,7 +223,7 @@ def train(argv):
         ev, label = estimate_loss(), f"iter {start}" if ckpt else "init"
         print(f"{label}: train {ev['eval_train_loss']:.4f}, val {ev['val_loss']:.4f}\n{label}: measured  {show(ev)}")
         if not ckpt:
-            predicted = predicted_stats(cfg, model.plan, probe)
+            predicted = layer_stats(predicted_kernels(cfg, model.plan, backend.to_numpy(probe)))
             print(f"{label}: predicted {show(predicted)} (wide limit, same tokens)")
             ev.update(pred_cos=predicted["cos"], pred_q=predicted["q"])
     if s["eval_only"]:
@@ -317,14 +317,6 @@ def layer_stats(kernels):
     cos = [mean_offdiag(normalised_kernel(S)) if np.all(np.diag(S) > 0) else math.nan for S in kernels]
     return dict(cos=[round(v, STAT_DECIMALS) for v in cos],
                 q=[round(float(q_values(S).mean()), STAT_DECIMALS) for S in kernels])
-
-
-def predicted_stats(cfg, plan, probe):
-    """layer_stats of the kernels nanospa.signal predicts at init (wide limit, docs/method.md
-    §10, §13) for the probe's own token sequences, averaged over them like the measured ones."""
-    preds = [predict_kernels(cfg, sigma_0=input_kernel(tokens=t, pos=cfg.pos, n_embd=cfg.n_embd), plan=plan)
-             for t in probe]
-    return layer_stats([np.mean([p.kernel(l) for p in preds], axis=0) for l in range(cfg.n_layer + 1)])
 
 
 def show(stats):

@@ -23,8 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import runner
+from . import report, runner
 from .runner import PRE_LN, Method
+from ..settings import fail
+from ..backend import DeviceError
 from ..measure import measure_config, measured_kernels, token_batch
 from ..model import GPT
 from ..signal import kernel_stats, make_plan, normalised_kernel, predict_kernels
@@ -63,8 +65,8 @@ def methods(settings):
 
 
 def findings(result):
-    lines = [runner.loss_line(result, label) for label in result["methods"]]
-    order = runner.ranking(result, list(result["methods"]))
+    lines = [report.loss_line(result, label) for label in result["methods"]]
+    order = report.ranking(result, list(result["methods"]))
     if order:
         lines.append("ranking by final training loss: " + " < ".join(order))
     return lines
@@ -122,7 +124,7 @@ def init_markdown(checks, settings):
         p, m, pt, mt = c["predicted"][L], c["measured_distinct"][L], c["predicted_text"][L], c["measured_text"][L]
         g, e = c["plan"].get("gamma_final"), c["plan"].get("eta")
         ed, et = c["errors"]["distinct"], c["errors"]["text"]
-        lines.append(f"| {label} | {runner.fmt(g, '.4g')} | {runner.fmt(e, '.3f')} "
+        lines.append(f"| {label} | {report.fmt(g, '.4g')} | {report.fmt(e, '.3f')} "
                      f"| {p['C_adj']:.3f} / {m['C_adj']:.3f} | {p['C_mean']:.3f} / {m['C_mean']:.3f} "
                      f"| {p['q_max']:.2f} / {m['q_max']:.2f} | {pt['C_mean']:.3f} / {mt['C_mean']:.3f} "
                      f"| {ed['C_max_abs']:.3f}, {et['C_max_abs']:.3f} | {ed['q_max_rel']:.3f}, {et['q_max_rel']:.3f} |")
@@ -151,8 +153,8 @@ def run_init_check(s, argv):
     out = Path(s["out"])
     out.mkdir(parents=True, exist_ok=True)
     md = init_markdown(checks, s)
-    runner.write_json(out / "init.json", dict(command=runner.command_line(NAME, argv),
-                                              machine=runner.machine(), checks=checks))
+    report.write_json(out / "init.json", dict(command=report.command_line(NAME, argv),
+                                              machine=report.machine(), checks=checks))
     (out / "init.md").write_text(md, encoding="utf-8")
     return md
 
@@ -165,9 +167,8 @@ def main(argv=None):
     try:
         s = runner.settings_for(spec, argv)
         md = run_init_check(s, argv) if s["measure_width"] > 0 else ""
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, DeviceError) as e:
+        return fail(e)
     rc = runner.main(spec, argv) if s["train"] else 0
     table = Path(s["out"]) / "table.md"
     if rc == 0 and md and table.exists():

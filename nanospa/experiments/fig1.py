@@ -24,9 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import runner
+from . import report, runner
+from ..backend import DeviceError
 from ..measure import measure_config, measured_model_kernels, token_batch
-from ..settings import help_text, parse_settings, wants_help
+from ..settings import fail, help_text, parse_settings, wants_help
 from ..signal import make_plan, normalised_kernel
 from ..signal.table import attention_only_kernels, check_depths, predicted_kernels, summary
 
@@ -84,7 +85,7 @@ def findings(result):
 
 
 def markdown(result):
-    lines = runner.header_lines(result)
+    lines = report.header_lines(result)
     s = result["settings"]
     lines += [f"- Setting: depth {s['n_layer']}, T = {s['block_size']}, activation {result['config']['activation']}, "
               f"kernel budget {result['config']['kernel_budget']}, measured at width {s['width']} in float64 "
@@ -170,7 +171,7 @@ def run(argv):
         print(help_text(f"python -m nanospa.experiments fig1 [--key=value ...]: {TITLE}", DEFAULTS, NOTES, PRESETS)
               + "\nEvery GPTConfig field (activation, kernel_budget, ...) is a setting too.")
         return 0
-    t0, load = time.time(), runner.load_average()
+    t0, load = time.time(), report.load_average()
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     s, cfg = settings(argv)
     fig = figure1(cfg, s["depths"], empirical=True, width=s["width"], batch=s["batch"],
@@ -186,15 +187,15 @@ def run(argv):
                                                 for lab, mats in v.items()
                                                 for d, m in zip(fig["depths"], mats)})
     result["findings"] = findings(result)
-    result["provenance"] = runner.provenance(NAME, argv, dict(device="cpu", _load_start=load), started, t0)
-    runner.write_json(out / "result.json", result)
+    result["provenance"] = report.provenance(NAME, argv, dict(device="cpu", _load_start=load), started, t0)
+    report.write_json(out / "result.json", result)
     (out / "table.md").write_text(markdown(result), encoding="utf-8")
     title = f"normalised kernels C_l at init (T={cfg.block_size}, L={cfg.n_layer}, {cfg.activation}, vanilla)"
     wrote = plot_heatmaps(fig, out / "plot.png", title)
     print("\n".join(f"  {line}" for line in result["findings"]))
     print(f"wrote {out / 'result.json'}, {out / 'kernels.npz'}, {out / 'table.md'}"
           + (f", {out / 'plot.png'}" if wrote else "")
-          + f" in {runner.duration(time.time() - t0)}")
+          + f" in {report.duration(time.time() - t0)}")
     return 0
 
 
@@ -202,6 +203,5 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         return run(argv)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, DeviceError) as e:
+        return fail(e)

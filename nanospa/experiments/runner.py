@@ -39,9 +39,6 @@ import numpy as np
 from ..backend import DeviceError
 from ..settings import fail, help_text, parse_settings, wants_help
 from .report import STALL_MARGIN, duration, fmt, load_average, markdown, plot, provenance, write_json
-# Kept importable from runner for nanospa/experiments/fig1.py and budget.py, which still use
-# runner.NAME for these; the other experiment modules import them from report.
-from .report import command_line, header_lines, loss_at, loss_line, machine, ranking, summary  # noqa: F401
 
 LOSS_DECIMALS = 5     # loss histories in result.json: float32 losses, 5 decimals suffice
 CURVE_POINTS = 1000   # at most about this many training-loss records per run
