@@ -1,0 +1,239 @@
+"""The architecture rules, checked on the source with `ast` (nothing is imported):
+
+- nanospa/signal/ stands alone: no module there except __main__.py imports anything from
+  nanospa outside signal/, nor the top-level data.py / train.py, at module level or inside
+  functions (relative imports resolved; importlib.import_module with a constant counts);
+- no import cycle among nanospa's modules (and data.py, train.py), counting imports inside
+  functions, except tensor.py with the primitive modules its operator sugar calls
+  (functions.py, shape_ops.py, fused.py, as far as they exist);
+- no source file under nanospa/, nor train.py or data.py, is over MAX_LINES lines;
+- every one of those modules opens with a docstring.
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "nanospa"
+TOP_LEVEL = ("data", "train")                 # the repository's top-level modules
+MAX_LINES = 420
+SIGNAL = "nanospa.signal"
+SIGNAL_CLI = "nanospa.signal.__main__"        # the one module of signal/ that may reach outside
+SUGAR_OWNER = "nanospa.tensor"                # its operator sugar imports these inside methods
+SUGAR_PRIMITIVES = ("nanospa.functions", "nanospa.shape_ops", "nanospa.fused")
+
+
+def module_name(path):
+    """nanospa/signal/kernels.py -> nanospa.signal.kernels; a package's __init__.py -> the package."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def source_files():
+    """{module name: path} of every module under nanospa/ and the top-level modules."""
+    files = {module_name(p): p for p in sorted((ROOT / PACKAGE).rglob("*.py"))}
+    files.update({name: ROOT / f"{name}.py" for name in TOP_LEVEL})
+    return files
+
+
+FILES = source_files()
+
+
+def is_package(name):
+    return FILES[name].name == "__init__.py"
+
+
+def resolve(name, node):
+    """The absolute module a `from ... import` refers to (relative levels resolved)."""
+    if not node.level:
+        return node.module
+    base = name.split(".") if is_package(name) else name.split(".")[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def known(dotted):
+    """The longest prefix of `dotted` that is one of our modules, or None (third party)."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:n])
+        if candidate in FILES:
+            return candidate
+    return None
+
+
+def imports(name, tree=None):
+    """[(imported module, line)] of every import of one of our modules anywhere in `name`'s
+    source: module level, inside functions and classes, and importlib.import_module("...")."""
+    tree = tree or ast.parse(FILES[name].read_text(encoding="utf-8"))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = resolve(name, node)
+            # `from P import x`: the submodule P.x where x is one, else P itself
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in FILES else base for a in node.names]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "import_module" and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            targets = [node.args[0].value]
+        else:
+            continue
+        out += [(m, node.lineno) for m in map(known, targets) if m is not None]
+    return out
+
+
+def graph(trees=None):
+    """{module: {imported module: first line}} over all our modules."""
+    trees = trees or {}
+    g = {}
+    for name in FILES:
+        edges = {}
+        for target, line in imports(name, trees.get(name)):
+            if target != name:
+                edges.setdefault(target, line)
+        g[name] = edges
+    return g
+
+
+def signal_violations(g):
+    """['module:line imports target'] for signal modules (not __main__) importing outside signal/."""
+    bad = []
+    for name, edges in g.items():
+        if not (name == SIGNAL or name.startswith(SIGNAL + ".")) or name == SIGNAL_CLI:
+            continue
+        for target, line in edges.items():
+            if not (target == SIGNAL or target.startswith(SIGNAL + ".")):
+                bad.append(f"{FILES[name].relative_to(ROOT)}:{line} imports {target}")
+    return bad
+
+
+def cycles(g):
+    """The strongly connected components with more than one module (Tarjan), after removing
+    the allowed edges tensor -> its sugar's primitives."""
+    g = {m: {t for t in edges if not (m == SUGAR_OWNER and t in SUGAR_PRIMITIVES)} for m, edges in g.items()}
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def planted(name, source):
+    """The parsed trees with `name`'s source replaced: to check the checks."""
+    return {name: ast.parse(source)}
+
+
+# ------------------------------------------------------------------ the rules
+
+def test_signal_stands_alone():
+    bad = signal_violations(graph())
+    assert not bad, "nanospa/signal/ must not import from outside it:\n" + "\n".join(bad)
+
+
+def cycle_path(g, comp):
+    """One concrete cycle through the strongly connected component `comp`: a -> b -> ... -> a
+    (breadth-first, so the shortest one back to its first module)."""
+    start, inside = comp[0], set(comp)
+    prev, todo = {start: None}, [start]
+    while todo:
+        v = todo.pop(0)
+        for w in sorted(g[v]):
+            if w == start:                                # back: start -> ... -> v -> start
+                path = [v]
+                while prev[path[-1]] is not None:
+                    path.append(prev[path[-1]])
+                return " -> ".join(path[::-1] + [start])
+            if w in inside and w not in prev:
+                prev[w] = v
+                todo.append(w)
+    return " <-> ".join(comp)
+
+
+def test_no_import_cycles():
+    g = graph()
+    found = cycles(g)
+    assert not found, "import cycles (each the shortest through its first module):\n" + "\n".join(
+        cycle_path(g, c) + f"   [component: {', '.join(c)}]" for c in found)
+
+
+def test_file_lengths():
+    long = {str(p.relative_to(ROOT)): n for p in FILES.values()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"files over {MAX_LINES} lines: {long}"
+
+
+def test_every_module_opens_with_a_docstring():
+    missing = [str(p.relative_to(ROOT)) for p in FILES.values()
+               if ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) is None]
+    assert not missing, f"modules without a docstring: {missing}"
+
+
+# ------------------------------------------------------------------ the checks themselves
+
+def test_the_checks_see_what_they_must():
+    """Sanity of the parser on the real tree: known edges are found, the sugar's cycle exists
+    and is the only one allowed, the CLI's imports from above signal/ are seen (and exempt)."""
+    g = graph()
+    assert "nanospa.signal.kernels" in g["nanospa.signal.attn_bias"]           # relative, module level
+    assert "nanospa.config" in g[SIGNAL_CLI] and "nanospa.measure" in g[SIGNAL_CLI]   # inside functions
+    assert "nanospa.signal" in g["nanospa.model"]                              # from . import signal
+    assert "data" in g["nanospa.measure"]                                      # top-level, in a function
+    sugar = [t for t in SUGAR_PRIMITIVES if t in FILES]
+    assert sugar and all(SUGAR_OWNER in g[t] for t in sugar)                  # primitives import tensor
+    assert any(t in g[SUGAR_OWNER] for t in sugar)                            # and the sugar imports them
+
+
+@pytest.mark.parametrize("statement", [
+    "def f():\n    from nanospa import model\n",                 # absolute, inside a function
+    "def f():\n    from .. import model\n",                      # relative, inside a function
+    "from ..measure import token_batch\n",
+    "import data\n",
+    "import nanospa\n",
+    "def f():\n    import importlib\n    return importlib.import_module('nanospa.experiments.fig1')\n",
+])
+def test_a_planted_signal_violation_is_caught(statement):
+    name = "nanospa.signal.kernels"
+    source = FILES[name].read_text(encoding="utf-8") + "\n\n" + statement
+    g = graph(planted(name, source))
+    assert any(v.startswith("nanospa/signal/kernels.py:") for v in signal_violations(g))
+
+
+def test_a_planted_cycle_is_caught():
+    """signal.kernels importing the model inside a function closes model -> signal -> kernels
+    -> model; a cycle through tensor that is not its sugar is caught too."""
+    name = "nanospa.signal.kernels"
+    source = FILES[name].read_text(encoding="utf-8") + "\n\ndef f():\n    from nanospa import model\n"
+    g = graph(planted(name, source))
+    found = cycles(g)
+    assert any({"nanospa.model", name} <= set(c) for c in found)
+    path = cycle_path(g, found[0]).split(" -> ")
+    assert path[0] == path[-1] and all(b in g[a] for a, b in zip(path, path[1:]))
+    source = FILES["nanospa.tensor"].read_text(encoding="utf-8") + "\n\ndef f():\n    from . import nn\n"
+    assert any("nanospa.nn" in c for c in cycles(graph(planted("nanospa.tensor", source))))
