@@ -2,7 +2,7 @@
 tuples, bare flags, presets, unknown keys with the closest suggestion, the --help screen,
 help notes read from a defaults block, and the one-line error convention. The commands'
 own uses are tested with them (tests/test_train.py, tests/test_experiments.py,
-tests/test_bench.py, tests/test_signal_cli.py)."""
+tests/test_bench.py, tests/test_signal_main.py)."""
 import pytest
 
 from nanospa.settings import (EXIT_BAD_INPUT, SettingsError, convert, fail, help_text, parse_settings,

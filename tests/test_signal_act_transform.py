@@ -14,8 +14,8 @@ import pytest
 from numpy.polynomial.hermite_e import hermegauss
 from numpy.polynomial.legendre import leggauss
 
-from nanospa.signal.act_transform import (
-    activation_transform, chain_c0, shaped_activation, shaped_activation_names)
+from nanospa.signal.act_transform import activation_transform, shaped_activation, shaped_activation_names
+from nanospa.signal.depth_targets import chain_c0
 from nanospa.signal.activations import ACTIVATIONS, gelu
 from nanospa.signal.qc_maps import c_map, lrelu_beta
 
@@ -138,10 +138,6 @@ def test_reference_values():
 
 
 # ------------------------------------------------------------------- residual accounting
-
-def test_chain_c0_of_one_layer_is_beta():
-    assert chain_c0(lrelu_beta(0.3), 1) == pytest.approx(float(lrelu_beta(0.3)), abs=1e-15)
-
 
 def test_normalised_residual_targets():
     L, rb = 24, 0.3

@@ -11,7 +11,8 @@ cholesky.py       checked Cholesky, the general transfer matrix, non-causal vari
 attn_bias.py      E-SPA / U-SPA closed forms in log space, B_l and D_l, A = diag(D) softmax(B) (§6-§8)
 activations.py    the base activations and their derivatives
 qc_maps.py        quadrature and the Q/C maps of an activation (docs/activations.md §2, §8)
-act_transform.py  the DKS and TAT solvers (docs/activations.md §3-§6)
+depth_targets.py  per-layer targets from network-level ones (docs/activations.md §6)
+act_transform.py  the DKS and TAT solvers (docs/activations.md §3-§5, §7)
 inputs.py         the input kernel Sigma_0 and positional encodings (§11)
 maps.py           the wide-limit kernel map of each sublayer (§3.2, §10)
 predict.py        predicted kernels of a whole model at init (§2.2, §13)

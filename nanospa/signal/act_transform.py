@@ -30,8 +30,8 @@ leaky ReLU: closed form (§3); TAT leaky ReLU: bisection on beta (§5). Solution
 cached. The callables of ActivationTransform are the only code here meant for the device.
 
 Not here: the base activations and their derivatives (activations.py), quadrature, the
-Q/C maps and the leaky-ReLU closed forms (qc_maps.py), the model's use of phi_hat
-(nanospa/model.py).
+Q/C maps and the leaky-ReLU closed forms (qc_maps.py), the per-layer targets a depth asks
+for (depth_targets.py), the model's use of phi_hat (nanospa/model.py).
 """
 import functools
 import itertools
@@ -44,15 +44,16 @@ from types import MappingProxyType
 import numpy as np
 
 from .activations import ACTIVATIONS, array_module, base_name
-from .qc_maps import PhiHat, alpha_of_beta, lrelu_cmap_beta
+from .depth_targets import (DEFAULT_TARGETS, chain_c0, check_depth, check_residual_beta, per_layer_targets,
+                            subnet_max)
+from .qc_maps import PhiHat, alpha_of_beta
 
 __all__ = [
     "PARAM_KEYS", "DEFAULT_TARGETS", "ActivationTransform", "activation_transform",
-    "shaped_activation", "shaped_activation_names", "chain_c0", "per_layer_targets",
+    "shaped_activation", "shaped_activation_names",
 ]
 
 PARAM_KEYS = ("input_scale", "input_shift", "output_shift", "output_scale", "negative_slope")
-DEFAULT_TARGETS = {"zeta": 1.5, "eta": 0.9, "tau": 0.3}
 
 # Newton (§12): a root is accepted when every |residual| < _NEWTON_TOL.
 _NEWTON_FD_STEP = 1e-6       # central-difference step of the Jacobian
@@ -148,64 +149,6 @@ def _make(activation, method, depth, params, targets=None, local=None, rb=None, 
     return ActivationTransform(activation, method, depth, MappingProxyType(params),
                                MappingProxyType(dict(targets or {})),
                                MappingProxyType(dict(local or {})), rb, seconds)
-
-
-# ------------------------------------------------------------ per-layer targets (§6)
-
-def _check_rb(residual_beta):
-    if residual_beta is None:
-        return None
-    rb = float(residual_beta)
-    if not 0.0 < rb <= 1.0:
-        raise ValueError(f"residual_beta must lie in (0, 1], got {residual_beta!r}")
-    return None if rb == 1.0 else rb
-
-
-def _subnet_max(x0, r, L, rb):
-    """dks's subnetwork maximum: chain of L local maps r, or the normalised residual stack
-    x -> alpha_r^2 x + beta_r^2 r(x) (L blocks) together with one branch alone."""
-    x = x0
-    if rb is None:
-        for _ in range(L):
-            x = r(x)
-        return x
-    b2 = rb * rb
-    for _ in range(L):
-        x = (1.0 - b2) * x + b2 * r(x)
-    return max(x, r(x0))
-
-
-def chain_c0(beta, L, residual_beta=None):
-    """C_f(0) maximised over subnetworks, for TAT leaky-ReLU layers of C(0) = beta (§5-§6).
-
-    beta = lrelu_beta(negative_slope). Chain: C_beta^{oL}(0). Normalised residual: the max
-    of one layer and L iterations of x -> alpha_r^2 x + beta_r^2 C_beta(x). Increasing in
-    beta; beta = 1/pi (plain ReLU) gives the largest reachable eta.
-    """
-    return float(_subnet_max(0.0, lambda x: float(lrelu_cmap_beta(x, beta)),
-                             _check_depth(L), _check_rb(residual_beta)))
-
-
-def per_layer_targets(method, depth, zeta=DEFAULT_TARGETS["zeta"], tau=DEFAULT_TARGETS["tau"],
-                      residual_beta=None):
-    """Per-layer C'(1) (DKS) or C''(1) (TAT smooth) meeting the network target (§6).
-
-    Chain: zeta^(1/L) and tau/L. Normalised residual: min(zeta, (zeta^(1/L) - alpha_r^2)/beta_r^2)
-    and tau / max(1, L beta_r^2).
-    """
-    L, rb = _check_depth(depth), _check_rb(residual_beta)
-    b2 = 1.0 if rb is None else rb * rb
-    if method == "dks":
-        return min(zeta, (zeta ** (1.0 / L) - (1.0 - b2)) / b2) if rb else zeta ** (1.0 / L)
-    if method == "tat":
-        return tau / max(1.0, L * b2)
-    raise ValueError(f"method must be 'dks' or 'tat', got {method!r}")
-
-
-def _check_depth(depth):
-    if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 1:
-        raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
-    return int(depth)
 
 
 # ------------------------------------------------------------------- root finding (§12)
@@ -329,7 +272,7 @@ def activation_transform(activation, method, depth=None, *, zeta=None, eta=None,
         raise ValueError(f"{name} has no free parameter under {m.upper()}" + (
             " (it is linear); use method 'none'" if name == "identity" else
             " (it is leaky_relu with negative_slope 0); use 'leaky_relu'"))
-    L, rb = _check_depth(depth), _check_rb(residual_beta)
+    L, rb = check_depth(depth), check_residual_beta(residual_beta)
     zeta = DEFAULT_TARGETS["zeta"] if zeta is None else float(zeta)
     eta = DEFAULT_TARGETS["eta"] if eta is None else float(eta)
     tau = DEFAULT_TARGETS["tau"] if tau is None else float(tau)
@@ -357,7 +300,7 @@ def _solve(name, method, L, target, rb):
         loc = {"q_slope_1": 1.0, "c_val_0": 0.0, "c_slope_1": local}
         if name == "leaky_relu":                               # closed form, §3
             if not local < _DKS_LRELU_TOP:
-                bound = _subnet_max(1.0, lambda x: _DKS_LRELU_TOP * x, L, rb)
+                bound = subnet_max(1.0, lambda x: _DKS_LRELU_TOP * x, L, rb)
                 raise ValueError(f"zeta={target} is unreachable for leaky_relu with DKS at depth "
                                  f"{L}{res_txt}: zeta must stay below {bound:.6f} (plain ReLU)")
             al = float(alpha_of_beta(1.0 - 1.0 / local))

@@ -46,7 +46,8 @@ from types import MappingProxyType
 
 import numpy as np
 
-from .act_transform import activation_transform, chain_c0, shaped_activation_names
+from .act_transform import activation_transform, shaped_activation_names
+from .depth_targets import chain_c0
 from .kernels import SPA_KINDS, spa_schedule
 from .walks import JOINT_SOLVE_T, network_stats, pair_walk, walk
 
