@@ -3,8 +3,8 @@
 What lives here: byte-level tokens (`encode`, `decode`, `token_dtype`, VOCAB_SIZE);
 `load_dataset`, which turns a dataset spec into a `Dataset` of memory-mapped train / val
 (/ test) token arrays, building its cache entry once; `check_length`, `get_batch`
-(random windows), `eval_batches` (sequential windows), `unigram_entropy` (the loss of the
-best context-free predictor; docs/method.md section 10 compares training runs with it);
+(random windows), `unigram_entropy` (the loss of the best context-free predictor;
+docs/method.md section 10 compares training runs with it);
 DataError; and `python data.py`, which prepares a dataset and prints a one-line summary.
 Arrays are host NumPy arrays; nothing here knows about models or devices.
 
@@ -198,19 +198,6 @@ def get_batch(tokens, batch_size, block_size, rng):
     if n < block_size + 1:
         raise DataError(f"split has {n:,} tokens, needs at least block_size + 1 = {block_size + 1:,}")
     return _windows(tokens, rng.integers(0, n - block_size, size=batch_size), block_size)
-
-
-def eval_batches(tokens, batch_size, block_size, max_batches=None):
-    """Sequential non-overlapping windows starting at 0, T, 2T, ...; yields (x, y) int64 (b, T).
-
-    Every full window of the split is visited once (the last batch may have b < B), so
-    the mean loss over them is a deterministic estimate on the whole split.
-    """
-    starts = np.arange((len(tokens) - 1) // block_size) * block_size
-    for k, b in enumerate(range(0, len(starts), batch_size)):
-        if max_batches is not None and k >= max_batches:
-            return
-        yield _windows(tokens, starts[b:b + batch_size], block_size)
 
 
 def unigram_entropy(tokens, vocab_size=VOCAB_SIZE):

@@ -118,16 +118,6 @@ def test_get_batch_on_memmap_and_errors(tmp_path):
         data.get_batch(ds.train, 4, 8, 0)
 
 
-def test_eval_batches_cover_the_split_once():
-    tokens = (np.arange(1000) % 251).astype(np.uint8)
-    xs, ys = zip(*data.eval_batches(tokens, 4, 32))
-    x, y = np.concatenate(xs), np.concatenate(ys)
-    assert x.shape == ((1000 - 1) // 32, 32) and [len(b) for b in xs] == [4] * 7 + [3]
-    np.testing.assert_array_equal(x.ravel(), tokens[:x.size])
-    np.testing.assert_array_equal(y.ravel(), tokens[1:x.size + 1])
-    assert len(list(data.eval_batches(tokens, 4, 32, max_batches=2))) == 2
-
-
 # ----------------------------------------------------------------------------- tokens, entropy
 
 def test_encode_decode_roundtrip():
