@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from .signal import BUDGETS, POSITIONS, shaped_activation_names, split_activation
+from .signal.kernels import DEFAULT_RHO_FINAL
 
 ATTENTIONS = ("softmax", "value_skipinit", "uspa", "espa")
 BASE_ACTIVATIONS = ("relu", "gelu", "gelu_exact", "sigmoid", "tanh", "leaky_relu", "softplus",
@@ -41,7 +42,7 @@ class GPTConfig:
     dtype: str = "float32"         # float32 | float64 (parameters and activations)
     kernel_budget: str = "joint"   # how attention and MLPs share the kernel (docs/kernel_budget.md)
     gamma_final: float = 0.0       # E-SPA final gamma_L; 0 = chosen by kernel_budget
-    rho_final: float = 0.8         # U-SPA final rho_L
+    rho_final: float = DEFAULT_RHO_FINAL  # U-SPA final rho_L (0.8)
     final_corr: float = 0.0        # joint budget: adjacent corr. of the input-dependent last kernel; 0 = 0.4
     zeta: float = 1.5              # DKS target max C'(1)
     eta: float = 0.0               # TAT leaky-ReLU target C_f(0) of the MLP stack; 0 = chosen by kernel_budget

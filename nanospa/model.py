@@ -47,6 +47,8 @@ from .functions import Shaped
 from .nn import DyT, Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, orthogonal
 from .tensor import Tensor, no_grad
 
+MIN_TEMPERATURE = 1e-6  # generate(): temperature 0 means greedy; logits are divided by at least this
+
 
 def make_norm(cfg):
     if cfg.norm == "layernorm":
@@ -276,7 +278,7 @@ class GPT(Module):
         with no_grad():
             for _ in range(max_new_tokens):
                 logits, _ = self(out[:, -self.config.block_size:])
-                z = backend.to_numpy(logits.data[:, -1, :]).astype(np.float64) / max(temperature, 1e-6)
+                z = backend.to_numpy(logits.data[:, -1, :]).astype(np.float64) / max(temperature, MIN_TEMPERATURE)
                 if top_k is not None:
                     kth = np.sort(z, axis=-1)[:, -min(top_k, z.shape[-1])][:, None]
                     z = np.where(z < kth, -np.inf, z)

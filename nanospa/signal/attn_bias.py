@@ -20,7 +20,9 @@ Notation (docs/method.md §1, §7.2, §8)
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .kernels import SPA_KINDS, check_T, flush, spa_schedule
+from .kernels import DEFAULT_GAMMA_FINAL, DEFAULT_RHO_FINAL, SPA_KINDS, check_T, flush, spa_schedule
+
+NEG_RTOL = 1e-12   # entries of A in [-NEG_RTOL max|A|, 0) are rounding (closed forms: ~1e-16)
 
 
 def _check_order(name, value, prev, increasing):
@@ -160,7 +162,7 @@ def uspa_bias_and_rescale(T, rho, rho_prev, out=None):
     log D, -inf above the diagonal. Entries that rounding pushed below 0 (at most about
     1e-16, see uspa_attention) are treated as 0. `out`: optional (T, T) buffer."""
     A = uspa_attention(T, rho, rho_prev, out)
-    if A.min() < -1e-12:                                       # bound from uspa_attention
+    if A.min() < -NEG_RTOL:                                    # bound from uspa_attention
         raise ValueError(f"U-SPA matrix has a negative entry {A.min():.3g}")
     D = A.sum(axis=1)                                           # (T,)
     np.maximum(A, 0.0, out=A)
@@ -172,7 +174,7 @@ def uspa_bias_and_rescale(T, rho, rho_prev, out=None):
 
 # ---------------------------------------------------------------- generic (method §5, §8)
 
-def log_attention_from(A, neg_rtol=1e-12):
+def log_attention_from(A, neg_rtol=NEG_RTOL):
     """log A of a non-negative lower-triangular (T, T) A, -inf above the diagonal and at
     exact zeros. Entries above the diagonal must be 0; entries in [-neg_rtol max|A|, 0)
     are rounding and become -inf; anything more negative raises ValueError."""
@@ -274,7 +276,7 @@ def layer_bias(plan, l, T=None):
     return layer["B"], layer["D"]
 
 
-def spa_layers(kind, T, n_layer, gamma_final=0.005, rho_final=0.8, with_logA=True,
+def spa_layers(kind, T, n_layer, gamma_final=DEFAULT_GAMMA_FINAL, rho_final=DEFAULT_RHO_FINAL, with_logA=True,
                reuse_buffers=False, dtype=np.float64):
     """Yield, for l = 1..L, {"l", "logA", "B", "D", "gamma" or "rho"} along the default
     schedules (kernels.espa_gammas / kernels.uspa_rhos). A generator: at T = 8192 one

@@ -48,13 +48,13 @@ import numpy as np
 
 from .act_transform import activation_transform, shaped_activation_names
 from .depth_targets import chain_c0
-from .kernels import SPA_KINDS, spa_schedule
+from .kernels import DEFAULT_GAMMA_FINAL, SPA_KINDS, spa_schedule
 from .walks import JOINT_SOLVE_T, network_stats, pair_walk, walk
 
 BUDGETS = ("independent", "joint", "qpreserve", "mlp_aware", "joint_qpreserve")
 DEFAULT_BUDGET = "joint"
 
-INDEPENDENT_GAMMA_FINAL = 0.005   # the reimplementations' E-SPA gamma_L
+INDEPENDENT_GAMMA_FINAL = DEFAULT_GAMMA_FINAL   # the reimplementations' E-SPA gamma_L, 0.005
 INDEPENDENT_ETA = 0.9             # TAT's default C_f(0) target
 JOINT_NET_ETA = 0.9               # eta_net: TAT's C_f(0) target, for the whole network
 JOINT_FINAL_CORR = 0.4            # rho*: adjacent correlation of the input-dependent part of K_L

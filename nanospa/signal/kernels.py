@@ -24,6 +24,8 @@ import operator
 import numpy as np
 
 TINY = 1e-250  # |entries| below this are flushed to 0: subnormal floats slow matrix products ~10x
+DEFAULT_GAMMA_FINAL = 0.005  # E-SPA's final gamma_L unless a kernel budget chooses it [nanospa's choice]
+DEFAULT_RHO_FINAL = 0.8      # U-SPA's final rho_L [nanospa's choice]
 
 
 def check_T(T):
@@ -147,7 +149,7 @@ def uspa_kernel(T, rho):
     return (1.0 - rho) * np.eye(T) + rho * np.ones((T, T))
 
 
-def espa_gammas(n_layer, gamma_final=0.005):
+def espa_gammas(n_layer, gamma_final=DEFAULT_GAMMA_FINAL):
     """[gamma_0 = inf, gamma_1, ..., gamma_L] with a_l = a_L^(l/L) (method §7.3), i.e.
     gamma_l = -1/2 log(1 - (1 - exp(-2 gamma_L))^(l/L)). Each layer then has the same
     diagonal a_L^(1/L) and log det Sigma_l falls linearly in l.
@@ -167,7 +169,7 @@ def espa_gammas(n_layer, gamma_final=0.005):
     return gammas
 
 
-def uspa_rhos(n_layer, rho_final=0.8):
+def uspa_rhos(n_layer, rho_final=DEFAULT_RHO_FINAL):
     """[rho_0 = 0, rho_1, ..., rho_L] with 1 - rho_l = (1 - rho_L)^(l/L) (method §6), the
     analogue of the E-SPA schedule. Default rho_final = 0.8 is nanospa's choice."""
     L = operator.index(n_layer)

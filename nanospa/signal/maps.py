@@ -20,6 +20,8 @@ from .kernels import flush, normalised_kernel, uniform_causal_attention
 from .qc_maps import LocalMaps
 
 DYT_ALPHA = 0.5             # DyT's initial alpha: DyT(x) = tanh(alpha x) at init (the model uses it)
+C_RANGE_TOL = 1e-12         # C^-1 accepts c this far outside [C(-1), 1] (rounding)
+BISECTION_STEPS = 60        # C^-1 by bisection on [-1, 1]: 2 * 2^-60 is below float64 rounding
 
 
 def attention_map(Sigma, A):
@@ -106,10 +108,10 @@ class MLPMap:
         if self.maps is None:
             return c.copy()
         lo_val = float(self.C(-1.0))
-        if np.any(c < lo_val - 1e-12) or np.any(c > 1.0 + 1e-12):
+        if np.any(c < lo_val - C_RANGE_TOL) or np.any(c > 1.0 + C_RANGE_TOL):
             raise ValueError(f"C^-1 needs c in [{lo_val:.4g}, 1], got [{c.min():.4g}, {c.max():.4g}]")
         lo, hi = np.full(c.shape, -1.0), np.ones(c.shape)
-        for _ in range(60):                                   # 2^-60 * 2: below float64 rounding
+        for _ in range(BISECTION_STEPS):
             mid = 0.5 * (lo + hi)
             below = self.C(mid) < c
             lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)

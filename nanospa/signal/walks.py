@@ -18,6 +18,8 @@ from .kernels import flush, normalised_kernel, spa_kernel
 from .maps import BlockMaps, attention_map
 
 MLP_AWARE_NEG_TOL = 1e-10         # A entries above -tol * max A count as rounding zeros
+Q1_TOL = 1e-8                     # mlp_aware needs Q(1) = 1 to this tolerance (shaped: ~1e-14)
+COLLAPSED_RTOL = 1e-12            # an input-dependent q below this share of max q: collapsed
 JOINT_SOLVE_T = 64                # the joint solve runs at min(T, this); beyond it the per-position
                                   # statistics are stationary and extrapolated
 
@@ -44,7 +46,7 @@ def walk(cfg, activation, values, d_rule="spa", T=None, sigma_0=None, mlp_aware=
         if cfg.residual != "none":
             raise ValueError(f"kernel_budget='mlp_aware' needs residual='none' (the pre-image is "
                              f"that of the skipless block), got residual={cfg.residual!r}")
-        if abs(maps.mlp_map.Q1() - 1.0) > 1e-8:
+        if abs(maps.mlp_map.Q1() - 1.0) > Q1_TOL:
             raise ValueError(f"kernel_budget='mlp_aware' needs an activation with Q(1) = 1 (a "
                              f"DKS/TAT-shaped one or 'linear'), got activation={cfg.activation!r}")
     S = np.eye(T) if sigma_0 is None else np.asarray(sigma_0, dtype=np.float64)
@@ -145,7 +147,7 @@ def network_stats(K, X, T_full=None):
     T_full = K.shape[0] if T_full is None else T_full
     c_f0 = _position_mean(np.diagonal(X) / np.diagonal(K), T_full)
     R = K - X
-    if np.min(np.diagonal(R)) <= 1e-12 * np.max(np.diagonal(K)):
+    if np.min(np.diagonal(R)) <= COLLAPSED_RTOL * np.max(np.diagonal(K)):
         # No input-dependent part left at some position (e.g. a plain sigmoid MLP at depth):
         # the network is collapsed there, which counts as adjacent correlation 1.
         return c_f0, 1.0
