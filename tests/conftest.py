@@ -1,10 +1,13 @@
 import os
 import pathlib
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
 
-from nanospa import backend
+from nanospa import GPT, GPTConfig, Tensor, backend
+from nanospa.gradcheck import check_jacobian, tensor64
 
 SHARED_DATA = pathlib.Path(os.environ.get(
     "NANOSPA_SHARED_DATA", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -31,3 +34,69 @@ def _cpu_device():
     backend.use("cpu")
     yield
     backend.use("cpu")
+
+
+# ----------------------------------------------------------------------------- op tables
+# test_functions.py, test_fused.py and test_shape_ops.py each hold an OPS table
+# (name -> (function of Tensors, input arrays)) and check every entry with these two.
+
+def assert_full_jacobian(fn, arrays):
+    """The op's full Jacobian in float64 against central differences (random upstream gradient)."""
+    inputs = [tensor64(a.copy()) for a in arrays]
+    err = check_jacobian(fn, inputs, rtol=1e-6)
+    assert err < 1e-6
+
+
+def assert_keeps_float32(name, fn, arrays):
+    """float32 in -> float32 out, values and gradients."""
+    inputs = [Tensor(a.astype(np.float32), requires_grad=True) for a in arrays]
+    out = fn(*inputs)
+    assert out.dtype == np.float32, f"{name} promoted to {out.dtype}"
+    out.backward(np.ones(out.shape, dtype=np.float32))
+    for t in inputs:
+        assert t.grad is not None and t.grad.dtype == np.float32, name
+
+
+# ----------------------------------------------------------------------------- small models
+
+def tiny_config(**kw):
+    """A small float64 GPTConfig (V = 13, T = 8, 2 layers, 2 heads, width 8), kw overriding."""
+    base = dict(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8, dtype="float64")
+    base.update(kw)
+    return GPTConfig(**base)
+
+
+def perturbed_model(cfg):
+    """GPT(cfg, seed=0) moved off its init by 0.3 * N(0, 1) (rng seed 3)."""
+    model = GPT(cfg, seed=0)
+    rng = np.random.default_rng(3)
+    for p in model.parameters():  # move off init (W^Q = 0 there) so every path matters
+        p.data = p.data + 0.3 * rng.standard_normal(p.shape)
+    return model
+
+
+# ----------------------------------------------------------------------------- data and corpus
+
+def _offline(url, *a, **k):
+    raise urllib.error.URLError("network disabled in tests")
+
+
+@pytest.fixture
+def isolated_data(tmp_path, monkeypatch):
+    """No network, and the default cache is a fresh temporary folder. test_corpus.py and
+    test_data.py apply it to every test (pytestmark = pytest.mark.usefixtures(...))."""
+    monkeypatch.setattr(urllib.request, "urlopen", _offline)
+    monkeypatch.setenv("NANOSPA_CACHE", str(tmp_path / "cache"))
+
+
+def write(path, text_or_bytes):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    b = text_or_bytes.encode() if isinstance(text_or_bytes, str) else text_or_bytes
+    path.write_bytes(b)
+    return path
+
+
+def one_line(err):
+    msg = str(err.value)
+    assert "\n" not in msg and msg
+    return msg

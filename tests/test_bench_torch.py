@@ -4,13 +4,7 @@ scaled_dot_product_attention. Skipped without torch (never a dependency)."""
 import numpy as np
 import pytest
 
-from nanospa import GPT, GPTConfig
-
-
-def tiny(**kw):
-    base = dict(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8, dtype="float64")
-    base.update(kw)
-    return GPTConfig(**base)
+from conftest import perturbed_model, tiny_config
 
 
 YARDSTICK_CONFIGS = [
@@ -21,19 +15,11 @@ YARDSTICK_CONFIGS = [
 ]
 
 
-def _perturbed(cfg):
-    model = GPT(cfg, seed=0)
-    rng = np.random.default_rng(3)
-    for p in model.parameters():  # move off init (W^Q = 0 there) so every path matters
-        p.data = p.data + 0.3 * rng.standard_normal(p.shape)
-    return model
-
-
 @pytest.mark.parametrize("kw", YARDSTICK_CONFIGS, ids=lambda kw: kw["attention"])
 def test_torch_yardstick_gives_nanospa_loss_and_gradients(kw):
     torch = pytest.importorskip("torch")
     from nanospa.bench_torch import TorchGPT
-    model = _perturbed(tiny(**kw))
+    model = perturbed_model(tiny_config(**kw))
     rng = np.random.default_rng(0)
     idx = rng.integers(0, 13, (3, 8))
     tgt = rng.integers(0, 13, (3, 8))
@@ -53,7 +39,7 @@ def test_torch_yardstick_gives_nanospa_loss_and_gradients(kw):
 def test_torch_yardstick_sdpa_variant_gives_the_same_loss():
     torch = pytest.importorskip("torch")
     from nanospa.bench_torch import TorchGPT
-    model = _perturbed(tiny())
+    model = perturbed_model(tiny_config())
     idx = np.random.default_rng(1).integers(0, 13, (2, 8))
     loss = model(idx, idx)[1].item()
     tloss = TorchGPT(model, sdpa=True)(torch.as_tensor(idx), torch.as_tensor(idx))[1].item()

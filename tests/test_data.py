@@ -10,41 +10,20 @@ import os
 import pathlib
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 
 import data
+from conftest import one_line, write
 from data import DataError, load_dataset
 from nanospa import corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _offline(url, *a, **k):
-    raise urllib.error.URLError("network disabled in tests")
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    """Every test: no network, and the default cache is a fresh temporary folder."""
-    monkeypatch.setattr(urllib.request, "urlopen", _offline)
-    monkeypatch.setenv("NANOSPA_CACHE", str(tmp_path / "cache"))
-
-
-def write(path, text_or_bytes):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    b = text_or_bytes.encode() if isinstance(text_or_bytes, str) else text_or_bytes
-    path.write_bytes(b)
-    return path
-
-
-def one_line(err):
-    msg = str(err.value)
-    assert "\n" not in msg and msg
-    return msg
+# every test: no network, and the default cache is a fresh temporary folder
+pytestmark = pytest.mark.usefixtures("isolated_data")
 
 
 # ----------------------------------------------------------------------------- splits and the cache entry

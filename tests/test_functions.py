@@ -8,9 +8,10 @@ leaky-ReLU slope as a required argument.
 import numpy as np
 import pytest
 
+from conftest import assert_full_jacobian, assert_keeps_float32
 from nanospa import Tensor
 from nanospa import functions as F
-from nanospa.gradcheck import check_jacobian, tensor64
+from nanospa.gradcheck import check_jacobian
 
 R = np.random.default_rng(0)
 
@@ -71,21 +72,12 @@ OPS = {
 
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_op_full_jacobian(name):
-    fn, arrays = OPS[name]
-    inputs = [tensor64(a.copy()) for a in arrays]
-    err = check_jacobian(fn, inputs, rtol=1e-6)
-    assert err < 1e-6
+    assert_full_jacobian(*OPS[name])
 
 
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_op_float32_in_float32_out(name):
-    fn, arrays = OPS[name]
-    inputs = [Tensor(a.astype(np.float32), requires_grad=True) for a in arrays]
-    out = fn(*inputs)
-    assert out.dtype == np.float32, f"{name} promoted to {out.dtype}"
-    out.backward(np.ones(out.shape, dtype=np.float32))
-    for t in inputs:
-        assert t.grad is not None and t.grad.dtype == np.float32, name
+    assert_keeps_float32(name, *OPS[name])
 
 
 @pytest.mark.parametrize("base,opts", [("leaky_relu", dict(a=0.7, s=1.3, o=0.2, slope=0.3)),

@@ -8,9 +8,10 @@ cached bias + mask against softmax with the bias and causal=True.
 import numpy as np
 import pytest
 
-from nanospa import GPT, GPTConfig, Tensor
+from conftest import assert_full_jacobian, assert_keeps_float32, tiny_config
+from nanospa import GPT, Tensor
 from nanospa import fused
-from nanospa.gradcheck import check_jacobian, tensor64
+from nanospa.gradcheck import check_jacobian
 
 R = np.random.default_rng(0)
 
@@ -38,21 +39,12 @@ OPS = {
 
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_op_full_jacobian(name):
-    fn, arrays = OPS[name]
-    inputs = [tensor64(a.copy()) for a in arrays]
-    err = check_jacobian(fn, inputs, rtol=1e-6)
-    assert err < 1e-6
+    assert_full_jacobian(*OPS[name])
 
 
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_op_float32_in_float32_out(name):
-    fn, arrays = OPS[name]
-    inputs = [Tensor(a.astype(np.float32), requires_grad=True) for a in arrays]
-    out = fn(*inputs)
-    assert out.dtype == np.float32, f"{name} promoted to {out.dtype}"
-    out.backward(np.ones(out.shape, dtype=np.float32))
-    for t in inputs:
-        assert t.grad is not None and t.grad.dtype == np.float32, name
+    assert_keeps_float32(name, *OPS[name])
 
 
 def test_softmax_causal_rows_and_zeros():
@@ -74,14 +66,8 @@ def test_cross_entropy_value():
     np.testing.assert_allclose(got, np.mean(lse - logits[np.arange(6), TARGETS]), rtol=1e-12)
 
 
-def tiny(**kw):
-    base = dict(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8, dtype="float64")
-    base.update(kw)
-    return GPTConfig(**base)
-
-
 def test_cached_bias_and_mask_is_softmax_with_bias_and_causal_mask():
-    model = GPT(tiny(attention="espa"), seed=0)
+    model = GPT(tiny_config(attention="espa"), seed=0)
     attn = model.blocks[1].attn
     x = normal(2, 2, 6, 6)
     bias, causal = attn.logit_bias(6)

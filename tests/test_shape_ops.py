@@ -7,9 +7,9 @@ float32 in -> float32 out, and the gathers' backward summing repeated indices.
 import numpy as np
 import pytest
 
-from nanospa import Tensor
+from conftest import assert_full_jacobian, assert_keeps_float32
 from nanospa import shape_ops as S
-from nanospa.gradcheck import check_jacobian, tensor64
+from nanospa.gradcheck import tensor64
 
 R = np.random.default_rng(0)
 
@@ -49,21 +49,12 @@ OPS = {
 
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_op_full_jacobian(name):
-    fn, arrays = OPS[name]
-    inputs = [tensor64(a.copy()) for a in arrays]
-    err = check_jacobian(fn, inputs, rtol=1e-6)
-    assert err < 1e-6
+    assert_full_jacobian(*OPS[name])
 
 
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_op_float32_in_float32_out(name):
-    fn, arrays = OPS[name]
-    inputs = [Tensor(a.astype(np.float32), requires_grad=True) for a in arrays]
-    out = fn(*inputs)
-    assert out.dtype == np.float32, f"{name} promoted to {out.dtype}"
-    out.backward(np.ones(out.shape, dtype=np.float32))
-    for t in inputs:
-        assert t.grad is not None and t.grad.dtype == np.float32, name
+    assert_keeps_float32(name, *OPS[name])
 
 
 def test_embedding_repeated_indices_sum():

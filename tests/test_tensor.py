@@ -12,27 +12,14 @@ import weakref
 import numpy as np
 import pytest
 
-from nanospa import GPT, GPTConfig, Tensor, backend, no_grad
+from conftest import perturbed_model, tiny_config
+from nanospa import GPT, Tensor, backend, no_grad
 from nanospa.gradcheck import tensor64
 from nanospa.tensor import sharded_backward
 
 
 def normal(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape)
-
-
-def tiny(**kw):
-    base = dict(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8, dtype="float64")
-    base.update(kw)
-    return GPTConfig(**base)
-
-
-def _perturbed(cfg):
-    model = GPT(cfg, seed=0)
-    rng = np.random.default_rng(3)
-    for p in model.parameters():  # move off init (W^Q = 0 there) so every path matters
-        p.data = p.data + 0.3 * rng.standard_normal(p.shape)
-    return model
 
 
 def test_long_chain_has_no_recursion_limit():
@@ -127,8 +114,8 @@ def two_threads():
 def test_sharded_backward_is_the_full_batch_backward(two_threads, batch):
     """Slices of the batch on two threads give the full batch's loss and gradients (float64:
     only the order of the batch sum differs), odd batch sizes included."""
-    cfg = tiny(attention="espa", activation="tat_lrelu")
-    full, sharded = _perturbed(cfg), _perturbed(cfg)
+    cfg = tiny_config(attention="espa", activation="tat_lrelu")
+    full, sharded = perturbed_model(cfg), perturbed_model(cfg)
     rng = np.random.default_rng(7)
     idx, tgt = rng.integers(0, 13, (batch, 8)), rng.integers(0, 13, (batch, 8))
     _, loss = full(idx, tgt)
@@ -141,7 +128,7 @@ def test_sharded_backward_is_the_full_batch_backward(two_threads, batch):
 
 
 def test_sharded_backward_is_deterministic_in_float32(two_threads):
-    model = GPT(tiny(dtype="float32"), seed=0)
+    model = GPT(tiny_config(dtype="float32"), seed=0)
     idx = np.random.default_rng(8).integers(0, 13, (4, 8))
     grads = []
     for _ in range(3):
