@@ -21,6 +21,7 @@ RESIDUALS = ("none", "standard", "normalised")
 NORMS = ("none", "layernorm", "rmsnorm", "dyt")
 NORM_POSITIONS = ("pre", "post")
 DTYPES = ("float32", "float64")
+ATTENTION_IMPLS = ("auto", "dense", "blockwise")
 
 
 @dataclass
@@ -52,6 +53,8 @@ class GPTConfig:
     zero_query: bool = False       # softmax attention: W^Q = 0 at init (uniform attention)
     skipinit_per_head: bool = False  # Value-SkipInit: alpha, beta per head instead of per layer
     bias: bool = False             # bias vectors in linear layers
+    attention_impl: str = "auto"   # auto (dense at short T, else blockwise: nanospa/attention.py) | dense | blockwise
+    attention_block: int = 0       # blockwise attention's query/key block size; 0 = chosen by T
 
     def __post_init__(self):
         def choice(name, allowed):
@@ -72,6 +75,11 @@ class GPTConfig:
         choice("pos", POSITIONS)
         choice("dtype", DTYPES)
         choice("kernel_budget", BUDGETS)
+        choice("attention_impl", ATTENTION_IMPLS)
+        if (not isinstance(self.attention_block, (int, np.integer)) or isinstance(self.attention_block, bool)
+                or self.attention_block < 0):
+            raise ValueError(f"GPTConfig.attention_block must be an integer >= 0 (0 = chosen by T), "
+                             f"got {self.attention_block!r}")
         base, method = split_activation(self.activation)
         if base not in BASE_ACTIVATIONS:
             allowed = list(BASE_ACTIVATIONS) + sorted(shaped_activation_names)
