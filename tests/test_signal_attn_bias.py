@@ -319,8 +319,8 @@ def test_layer_bias_takes_the_plans_overrides():
     assert ind.overrides is None and plan.overrides is not None and len(plan.overrides) == 4
     for l in range(1, 5):
         B, D = layer_bias(plan, l)
-        np.testing.assert_array_equal(B, plan.overrides[l - 1][0])
-        np.testing.assert_array_equal(D, plan.overrides[l - 1][1])
+        assert plan.overrides[l - 1][0] is None                   # qpreserve moves D only: B_l
+        np.testing.assert_array_equal(D, plan.overrides[l - 1][1])  # stays O(T) closed form
         B_ind, D_ind = layer_bias(ind, l)
         np.testing.assert_array_equal(B, B_ind)              # qpreserve keeps B, moves D
         # ... except at layer 1, where the incoming kernel is I and A_1 A_1^T = Sigma_1
@@ -376,3 +376,100 @@ def test_finite_width_network_reproduces_targets(kind):
         X = spa_mha(X, np.zeros((d, d)), Wk, orth(), orth(), layer["B"], layer["D"], H)
         # 12 layers of unit-scale matmuls over d = 256: rounding ~1e-14, 1e-12 is the brief
         np.testing.assert_allclose(X @ X.T / d, targets[layer["l"]], rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------- O(T) parts and blocks of B
+
+
+def _random_blocks(rng, T, n):
+    """n random (i0, i1, j0, j1) with 0 <= i0 < i1 <= T, 0 <= j0 < j1 <= T, plus the whole
+    square, a diagonal block, the first column and the last row."""
+    out = [(0, T, 0, T), (3, T - 2, 3, T - 2), (0, T, 0, 1), (T - 1, T, 0, T)]
+    for _ in range(n):
+        i0, i1 = np.sort(rng.choice(T + 1, 2, replace=False))
+        j0, j1 = np.sort(rng.choice(T + 1, 2, replace=False))
+        out.append((int(i0), int(i1), int(j0), int(j1)))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["espa", "uspa"])
+def test_bias_block_is_the_slice_of_the_dense_closed_form(kind):
+    """Any block of B generated from the O(T) parts equals the slice of the dense B bit for
+    bit (the same float64 operations per entry), and rounds once to float32 like it; D_l is
+    exp(lse). Layers 1, 2 and L of a schedule, and the identity step."""
+    from nanospa.signal.attn_bias import bias_block, bias_parts
+    rng = np.random.default_rng(5)
+    T, L = 37, 6
+    sched = espa_gammas(L, 0.05) if kind == "espa" else uspa_rhos(L, 0.7)
+    split = espa_bias_and_rescale if kind == "espa" else uspa_bias_and_rescale
+    steps = [(sched[1], sched[0]), (sched[2], sched[1]), (sched[L], sched[L - 1]), (sched[3], sched[3])]
+    for value, prev in steps:
+        parts = bias_parts(kind, T, value, prev)
+        assert all(np.ndim(a) == 1 and np.size(a) < 2 * T for a in parts.values() if isinstance(a, np.ndarray))
+        B, D = split(T, value, prev)
+        np.testing.assert_array_equal(np.exp(parts["lse"]), D)
+        for i0, i1, j0, j1 in _random_blocks(rng, T, 30):
+            block = bias_block(parts, i0, i1, j0, j1)
+            assert block.shape == (i1 - i0, j1 - j0) and block.dtype == np.float64
+            np.testing.assert_array_equal(block, B[i0:i1, j0:j1])
+            np.testing.assert_array_equal(bias_block(parts, i0, i1, j0, j1, np.float32),
+                                          B[i0:i1, j0:j1].astype(np.float32))
+
+
+def test_bias_block_against_the_definitions():
+    """Independently of the dense builders: E-SPA's block from v[i - j], c and lse by the
+    definition in espa_parts' docstring; U-SPA's from phi_j - psi_i and diag_i; -inf above
+    the diagonal; a dense part is sliced."""
+    from nanospa.signal.attn_bias import _espa_parts, bias_block, bias_parts
+    T, g, gp = 20, 0.3, 0.9
+    v, c, logD = _espa_parts(T, g, gp)
+    parts = bias_parts("espa", T, g, gp)
+    block = bias_block(parts, 2, 19, 0, 11)
+    for a, i in enumerate(range(2, 19)):
+        for b, j in enumerate(range(0, 11)):
+            want = -np.inf if j > i else (c[i] if j == 0 else v[i - j]) - logD[i]
+            assert block[a, b] == want
+    u = bias_parts("uspa", T, 0.5, 0.2)
+    block = bias_block(u, 4, 12, 3, 15)
+    for a, i in enumerate(range(4, 12)):
+        for b, j in enumerate(range(3, 15)):
+            A = u["diag"][i] if i == j else (u["phi"][j] - u["psi"][i] if j < i else 0.0)
+            if A > 0:
+                assert block[a, b] == pytest.approx(np.log(A) - u["lse"][i], rel=1e-15, abs=1e-15)
+            else:
+                assert block[a, b] == -np.inf
+    B = np.arange(36.0).reshape(6, 6)
+    np.testing.assert_array_equal(bias_block({"kind": "dense", "B": B}, 1, 4, 2, 6), B[1:4, 2:6])
+    with pytest.raises(ValueError, match="kind"):
+        bias_block({"kind": "softmax"}, 0, 1, 0, 1)
+
+
+def test_uspa_row_sums_in_O_T_match_the_dense_row_sums():
+    """D_i = diag_i + sum_{j<i} phi_j - i psi_i (summed in extended precision) against the
+    row sums of the dense A at T = 2048, where a float64 cumulative sum of the nearly
+    cancelling terms was off by 4e-12 relative (observed with np.longdouble: 4e-16)."""
+    from nanospa.signal.attn_bias import _uspa_block, uspa_parts
+    rho = uspa_rhos(36, 0.8)
+    for l in (1, 2, 36):
+        p = uspa_parts(2048, rho[l], rho[l - 1])
+        D = _uspa_block(p, 0, 2048, 0, 2048).sum(axis=1)
+        np.testing.assert_allclose(np.exp(p["lse"]), D, rtol=1e-14 if np.finfo(np.longdouble).eps < EPS else 5e-12)
+
+
+def test_layer_parts_are_O_T_at_T16384():
+    """A 36-layer plan at T = 16384 keeps O(T) numbers per layer: parts and D_l of block l
+    from layer_parts, whose blocks are those of layer_bias at small T."""
+    from nanospa.signal.attn_bias import bias_block, layer_parts
+    L = 36
+    sched = tuple(espa_gammas(L))
+    plan = SimpleNamespace(kind="espa", schedule=sched, overrides=None, block_size=16384)
+    nbytes = 0
+    for l in range(1, L + 1):
+        parts, D = layer_parts(plan, l)
+        nbytes += D.nbytes + sum(a.nbytes for a in parts.values() if isinstance(a, np.ndarray))
+    assert nbytes < L * 5 * 16384 * 8                              # (2T - 1) + T + T + T float64s
+    small = SimpleNamespace(kind="espa", schedule=sched, overrides=None, block_size=40)
+    parts, D = layer_parts(plan, 7)
+    B, D40 = layer_bias(small, 7)
+    np.testing.assert_array_equal(bias_block(parts, 0, 40, 0, 40), B)   # prefix consistent
+    np.testing.assert_array_equal(D[:40], D40)

@@ -6,6 +6,12 @@ float64 NumPy and built once for the longest sequence: every quantity here is pr
 consistent (A[:t, :t] built at T equals A built at t). General kernels go through
 cholesky.transfer_matrix; target kernels and schedules live in kernels.py.
 
+Each layer's B_l is kept as O(T) numbers, its "parts" (espa_parts, uspa_parts), and any
+block of it, rows [i0, i1) by columns [j0, j1), is generated from them by bias_block; the
+dense (T, T) forms below (espa_bias_and_rescale, uspa_bias_and_rescale, spa_layer,
+layer_bias) are bias_block over the whole square, so a block and the slice of the dense
+matrix agree bit for bit. The model's blockwise attention asks for one block at a time.
+
 Notation (docs/method.md §1, §7.2, §8)
 
     T           sequence length; i (row, query) and j (column, key) are 0-based
@@ -16,6 +22,7 @@ Notation (docs/method.md §1, §7.2, §8)
     logA        log A, -inf above the diagonal (and wherever A is exactly 0)
     B           bias: logA - logsumexp_row(logA), entries <= 0, -inf above the diagonal
     D           (T,) row sums of A = exp(logsumexp_row(logA)); A = diag(D) softmax(B)
+    lse         log D, the row normaliser of B (a part)
 """
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -71,16 +78,29 @@ def _espa_parts(T, gamma, gamma_prev):
     return v, c, logD
 
 
-def _toeplitz_lower(v, shift, out=None, dtype=np.float64):
-    """out[i, j] = v[i - j] - shift[i] for j <= i and -inf above the diagonal, in one
-    fused pass over a strided view (no (T, T) temporaries). Computed in float64 and
-    rounded once if out/dtype is narrower."""
-    T = v.size
-    u = np.concatenate([v[::-1], np.full(T - 1, -np.inf)])     # row i is u[T-1-i : 2T-1-i]
+def _toeplitz_block(u, c, shift, i0, i1, j0, j1, out=None, dtype=np.float64):
+    """Rows [i0, i1), columns [j0, j1) of M[i, j] = v[i - j] - shift[i] (j <= i; -inf above
+    the diagonal) with column 0 replaced by c[i] - shift[i], where u = v reversed and padded
+    with T - 1 entries -inf: row i of M is the contiguous slice u[T-1-i+j0 : T-1-i+j1], so
+    the block is one fused pass over a strided view (no index arrays). Computed in float64
+    and rounded once if out/dtype is narrower."""
+    T, w = c.size, j1 - j0
+    view = sliding_window_view(u, w)[T - i1 + j0:T - i0 + j0][::-1]     # (i1 - i0, w)
     if out is None:
-        out = np.empty((T, T), dtype=dtype)
-    np.subtract(sliding_window_view(u, T)[::-1], shift[:, None], out=out, casting="same_kind")
+        out = np.empty((i1 - i0, w), dtype=dtype)
+    np.subtract(view, shift[i0:i1, None], out=out, casting="same_kind")
+    if j0 == 0:
+        out[:, 0] = c[i0:i1] - shift[i0:i1]
     return out
+
+
+def espa_parts(T, gamma, gamma_prev):
+    """E-SPA's B_l in O(T) numbers (the Toeplitz part v, the first column c, the row
+    normaliser lse = log D): {"kind": "espa", "u": v reversed and padded (see
+    _toeplitz_block), "c", "lse"}; bias_block generates any block of B from them."""
+    v, c, logD = _espa_parts(T, gamma, gamma_prev)
+    u = np.concatenate([v[::-1], np.full(v.size - 1, -np.inf)])
+    return {"kind": "espa", "u": u, "c": c, "lse": logD}
 
 
 def espa_log_attention(T, gamma, gamma_prev, out=None, dtype=np.float64):
@@ -91,10 +111,8 @@ def espa_log_attention(T, gamma, gamma_prev, out=None, dtype=np.float64):
     for 1 <= j < i, A[i, 0] = (e^{-g} - r e^{-g_prev}) e^{-g (i-1)}. Needs gamma <= gamma_prev
     (then every entry is >= 0); gamma == gamma_prev gives I. `out` is an optional (T, T)
     buffer to fill; `dtype` (when out is None) rounds the float64 values once on write."""
-    v, c, _ = _espa_parts(T, gamma, gamma_prev)
-    logA = _toeplitz_lower(v, np.zeros(v.size), out, dtype)
-    logA[:, 0] = c
-    return logA
+    p = espa_parts(T, gamma, gamma_prev)
+    return _toeplitz_block(p["u"], p["c"], np.zeros(p["c"].size), 0, p["c"].size, 0, p["c"].size, out, dtype)
 
 
 def espa_attention(T, gamma, gamma_prev):
@@ -108,10 +126,8 @@ def espa_bias_and_rescale(T, gamma, gamma_prev, out=None, dtype=np.float64):
     part, O(T) and exact to rounding. B is finite on the lower triangle whenever
     gamma < gamma_prev (gamma == gamma_prev gives A = I, B = -inf off the diagonal).
     `out`/`dtype` as in espa_log_attention; D is always float64, shape (T,)."""
-    v, c, logD = _espa_parts(T, gamma, gamma_prev)
-    B = _toeplitz_lower(v, logD, out, dtype)
-    B[:, 0] = c - logD
-    return B, np.exp(logD)
+    p = espa_parts(T, gamma, gamma_prev)
+    return bias_block(p, 0, T, 0, T, dtype, out), np.exp(p["lse"])
 
 
 # ---------------------------------------------------------------- U-SPA (method §6)
@@ -129,47 +145,106 @@ def _uspa_factors(T, rho):
     return d, c, beta
 
 
-def uspa_attention(T, rho, rho_prev, out=None):
-    """A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 for U-SPA in closed form, O(T^2).
-
-    A[i, i] = d'_i / d_i and, for j < i, A[i, j] = phi_j - psi_i with
-    phi_j = c'_j / d_j + G_j, psi_i = G_{i-1} + d'_i beta_i / d_i, G_m = sum_{k<=m} c'_k beta_k / d_k
-    (primes: layer l, rho; plain: layer l-1, rho_prev). Needs 0 <= rho_prev <= rho < 1
-    (then A >= 0); rho == rho_prev gives I. The difference phi - psi makes tiny entries
-    accurate to about 1e-16 absolute, not relative. `out`: optional (T, T) buffer."""
-    T = check_T(T)
+def _check_rhos(rho, rho_prev):
     if not (0.0 <= rho_prev < 1.0 and 0.0 <= rho < 1.0):
         raise ValueError(f"rhos must be in [0, 1), got rho={rho!r}, rho_prev={rho_prev!r}")
     _check_order("rho", rho, rho_prev, increasing=True)
+
+
+def uspa_parts(T, rho, rho_prev):
+    """U-SPA's A_l in O(T) numbers: A[i, j] = phi_j - psi_i (j < i), A[i, i] = diag_i, with
+    phi_j = c'_j / d_j + G_j, psi_i = G_{i-1} + d'_i beta_i / d_i, G_m = sum_{k<=m} c'_k beta_k / d_k
+    (primes: layer l, rho; plain: layer l-1, rho_prev), and the row sums in O(T):
+    D_i = diag_i + sum_{j<i} phi_j - i psi_i, summed in extended precision (np.longdouble)
+    because the last two terms nearly cancel (about 1e-3 of their size at T = 2048).
+    -> {"kind": "uspa", "phi", "psi", "diag", "lse": log D}. Needs 0 <= rho_prev <= rho < 1;
+    rho == rho_prev gives I. Raises if an entry is below -NEG_RTOL (checked in O(T): the
+    smallest entry of row i is min_{j<i} phi_j - psi_i)."""
+    T = check_T(T)
+    _check_rhos(rho, rho_prev)
     if rho == rho_prev:
-        A = np.zeros((T, T)) if out is None else out
-        A.fill(0.0)
-        A[np.diag_indices(T)] = 1.0
-        return A
+        zero = np.zeros(T)
+        return {"kind": "uspa", "phi": zero, "psi": zero, "diag": np.ones(T), "lse": zero}
     d_n, c_n, _ = _uspa_factors(T, rho)
     d_p, _, beta_p = _uspa_factors(T, rho_prev)
     G = np.cumsum(c_n * beta_p / d_p)
     phi = c_n / d_p + G
     psi = np.concatenate([[0.0], G[:-1]]) + d_n * beta_p / d_p
-    A = np.subtract(phi[None, :], psi[:, None], out=out)      # (T, T), valid for j < i
-    A *= np.tri(T, k=-1, dtype=bool)                            # zero the diagonal and above
-    A[np.diag_indices(T)] = d_n / d_p
+    diag = d_n / d_p
+    if T > 1:
+        low = np.minimum.accumulate(phi)[:-1] - psi[1:]           # row minima, rows i >= 1
+        if low.min() < -NEG_RTOL:
+            raise ValueError(f"U-SPA matrix has a negative entry {low.min():.3g}")
+    ext = np.longdouble
+    S = np.concatenate([[0.0], np.cumsum(phi.astype(ext))[:-1]])  # sum_{j<i} phi_j
+    D = (diag.astype(ext) + S - np.arange(T, dtype=ext) * psi.astype(ext)).astype(np.float64)
+    return {"kind": "uspa", "phi": phi, "psi": psi, "diag": diag, "lse": np.log(D)}
+
+
+def _uspa_block(p, i0, i1, j0, j1):
+    """A[i0:i1, j0:j1] of U-SPA from its parts, float64: phi_j - psi_i below the diagonal,
+    diag_i on it, 0 above."""
+    i, j = np.arange(i0, i1)[:, None], np.arange(j0, j1)[None, :]
+    A = np.subtract(p["phi"][None, j0:j1], p["psi"][i0:i1, None])  # (n, w), valid for j < i
+    A *= j < i                                                     # zero the diagonal and above
+    on = np.arange(max(i0, j0), min(i1, j1))                       # positions with i == j
+    A[on - i0, on - j0] = p["diag"][on]
     return A
 
 
+def uspa_attention(T, rho, rho_prev, out=None):
+    """A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 for U-SPA in closed form (uspa_parts), O(T^2).
+    The difference phi - psi makes tiny entries accurate to about 1e-16 absolute, not
+    relative. `out`: optional (T, T) buffer."""
+    A = _uspa_block(uspa_parts(T, rho, rho_prev), 0, T, 0, T)
+    if out is None:
+        return A
+    out[...] = A
+    return out
+
+
 def uspa_bias_and_rescale(T, rho, rho_prev, out=None):
-    """(B, D) for U-SPA: D = row sums of A (non-negative terms, so accurate), B = log A -
-    log D, -inf above the diagonal. Entries that rounding pushed below 0 (at most about
-    1e-16, see uspa_attention) are treated as 0. `out`: optional (T, T) buffer."""
-    A = uspa_attention(T, rho, rho_prev, out)
-    if A.min() < -NEG_RTOL:                                    # bound from uspa_attention
-        raise ValueError(f"U-SPA matrix has a negative entry {A.min():.3g}")
-    D = A.sum(axis=1)                                           # (T,)
+    """(B, D) for U-SPA: D the row sums of A (uspa_parts, O(T)), B = log A - log D, -inf
+    above the diagonal. Entries that rounding pushed below 0 (at most about 1e-16, see
+    uspa_attention) are treated as 0. `out`: optional (T, T) buffer."""
+    p = uspa_parts(T, rho, rho_prev)
+    return bias_block(p, 0, T, 0, T, out=out), np.exp(p["lse"])
+
+
+# ---------------------------------------------------------------- blocks of B (O(T) state)
+
+def bias_parts(kind, T, value, value_prev):
+    """The O(T) parts of one layer's B_l (espa_parts or uspa_parts; value = gamma_l or rho_l,
+    value_prev that of layer l-1); D_l = exp(parts["lse"])."""
+    if kind == "espa":
+        return espa_parts(T, value, value_prev)
+    if kind == "uspa":
+        return uspa_parts(T, value, value_prev)
+    raise ValueError(f"kind must be 'espa' or 'uspa', got {kind!r}")
+
+
+def bias_block(parts, i0, i1, j0, j1, dtype=np.float64, out=None):
+    """B[i0:i1, j0:j1] (queries i, keys j) generated from a layer's O(T) parts, computed in
+    float64 and rounded once to `dtype` (or written into `out`): the same operations as the
+    dense (T, T) closed form, so a block equals the slice of the dense B bit for bit. -inf
+    above the diagonal. Parts: espa_parts, uspa_parts, or {"kind": "dense", "B": B} for a
+    policy's own B_l (no closed form: plan overrides of mlp_aware), which is sliced."""
+    kind = parts["kind"]
+    if kind == "espa":
+        return _toeplitz_block(parts["u"], parts["c"], parts["lse"], i0, i1, j0, j1, out, dtype)
+    if out is None:
+        out = np.empty((i1 - i0, j1 - j0), dtype=dtype)
+    if kind == "dense":
+        out[...] = parts["B"][i0:i1, j0:j1]
+        return out
+    if kind != "uspa":
+        raise ValueError(f"bias parts of kind {kind!r}: expected 'espa', 'uspa' or 'dense'")
+    A = _uspa_block(parts, i0, i1, j0, j1)
     np.maximum(A, 0.0, out=A)
     with np.errstate(divide="ignore"):
-        B = np.log(A, out=A)
-    B -= np.log(D)[:, None]
-    return B, D
+        np.log(A, out=A)
+    np.subtract(A, parts["lse"][i0:i1, None], out=out, casting="same_kind")
+    return out
 
 
 # ---------------------------------------------------------------- generic (method §5, §8)
@@ -227,28 +302,18 @@ def realise(B, D, T=None):
 
 def spa_layer(kind, T, value, value_prev, with_logA=True, buffers=None, dtype=np.float64):
     """One layer's {"logA", "B", "D"} for kind "espa" (value = gamma_l, value_prev =
-    gamma_{l-1}) or "uspa" (rho_l, rho_{l-1}), from the closed forms above; logA is None
-    when with_logA=False. `buffers` is an optional dict of (T, T) arrays {"logA", "B"} to
-    fill, so a caller building many layers at large T does not allocate each time. logA
-    and B are computed in float64 and rounded once to `dtype`; D stays float64."""
+    gamma_{l-1}) or "uspa" (rho_l, rho_{l-1}), dense, from the O(T) parts (bias_parts,
+    bias_block; log A is bias_block with a zero row normaliser); logA is None when
+    with_logA=False. `buffers` is an optional dict of (T, T) arrays {"logA", "B"} to fill,
+    so a caller building many layers at large T does not allocate each time. logA and B are
+    computed in float64 and rounded once to `dtype`; D stays float64."""
     buffers = buffers or {}
-    if kind == "espa":
-        logA = None
-        if with_logA:
-            logA = espa_log_attention(T, value, value_prev, buffers.get("logA"), dtype)
-        B, D = espa_bias_and_rescale(T, value, value_prev, buffers.get("B"), dtype)
-        return {"logA": logA, "B": B, "D": D}
-    if kind == "uspa":
-        work = buffers.get("B") if np.dtype(dtype) == np.float64 else None
-        B, D = uspa_bias_and_rescale(T, value, value_prev, work)   # float64
-        logA = None
-        if with_logA:
-            logA = buffers.get("logA")
-            if logA is None:
-                logA = np.empty((T, T), dtype)
-            np.add(B, np.log(D)[:, None], out=logA, casting="same_kind")
-        return {"logA": logA, "B": B.astype(dtype, copy=False), "D": D}
-    raise ValueError(f"kind must be 'espa' or 'uspa', got {kind!r}")
+    parts = bias_parts(kind, T, value, value_prev)
+    logA = None
+    if with_logA:
+        logA = bias_block(dict(parts, lse=np.zeros(T)), 0, T, 0, T, dtype, buffers.get("logA"))
+    B = bias_block(parts, 0, T, 0, T, dtype, buffers.get("B"))
+    return {"logA": logA, "B": B, "D": np.exp(parts["lse"])}
 
 
 def spa_matrix(kind, T, value, value_prev):
@@ -262,18 +327,27 @@ def spa_matrix(kind, T, value, value_prev):
     raise ValueError(f"kind must be 'espa' or 'uspa', got {kind!r}")
 
 
-def layer_bias(plan, l, T=None):
-    """(B_l, D_l) of block l (1-based) of a kernel-budget plan (budget.make_plan), for the
-    first T positions (default plan.block_size): the closed form spa_layer along the plan's
-    schedule, or the plan's own (B_l, D_l) where its policy moved A_l off the schedule's
-    closed form (qpreserve, mlp_aware). The plan is read by duck typing (kind, schedule,
-    overrides, block_size). B: (T, T) float64, -inf above the diagonal; D: (T,)."""
+def layer_parts(plan, l, T=None):
+    """(parts, D_l) of block l (1-based) of a kernel-budget plan (budget.make_plan) for the
+    first T positions (default plan.block_size), in O(T) numbers: the closed-form parts along
+    the plan's schedule (bias_parts) with D_l = exp(lse), or where the policy moved A_l off
+    the schedule's closed form, its own D_l (qpreserve: override (None, D_l)) and, with no
+    closed form left for B_l (mlp_aware: override (B_l, D_l)), {"kind": "dense", "B": B_l}.
+    The plan is read by duck typing (kind, schedule, overrides, block_size)."""
     T = plan.block_size if T is None else T
-    if plan.overrides is not None and plan.overrides[l - 1] is not None:
-        B, D = plan.overrides[l - 1]
-        return B[:T, :T], D[:T]
-    layer = spa_layer(plan.kind, T, plan.schedule[l], plan.schedule[l - 1], with_logA=False)
-    return layer["B"], layer["D"]
+    own = plan.overrides[l - 1] if plan.overrides is not None else None
+    if own is not None and own[0] is not None:
+        return {"kind": "dense", "B": own[0][:T, :T]}, own[1][:T]
+    parts = bias_parts(plan.kind, T, plan.schedule[l], plan.schedule[l - 1])
+    return parts, (np.exp(parts["lse"]) if own is None else own[1][:T])
+
+
+def layer_bias(plan, l, T=None):
+    """(B_l, D_l) of block l of a plan, dense: B (T, T) float64, -inf above the diagonal,
+    generated from layer_parts; D (T,). The readable reference (tests, trace, small T)."""
+    T = plan.block_size if T is None else T
+    parts, D = layer_parts(plan, l, T)
+    return bias_block(parts, 0, T, 0, T), D
 
 
 def spa_layers(kind, T, n_layer, gamma_final=DEFAULT_GAMMA_FINAL, rho_final=DEFAULT_RHO_FINAL, with_logA=True,

@@ -89,8 +89,9 @@ class Plan:
     n_layer, block_size   L and the T the plan was built for
     schedule    (v_0, ..., v_L): gamma_l (E-SPA, v_0 = inf) or rho_l (U-SPA, v_0 = 0); None
                 without SPA. attn_bias.layer_bias(plan, l) gives block l's (B_l, D_l)
-    overrides   None, or per layer None / (B_l, D_l) where the policy moved A_l off the
-                schedule's closed form (qpreserve's D_l, mlp_aware's realised A_l)
+    overrides   None, or per layer None / (None, D_l) / (B_l, D_l) where the policy moved
+                A_l off the schedule's closed form: qpreserve's D_l (B_l stays the closed
+                form), mlp_aware's realised A_l (a dense B_l: no closed form)
     activation  the keyword arguments of act_transform.activation_transform for the MLP's
                 phi_hat: activation (base), method, and depth and targets when shaped
     info        the chosen targets and what the policy predicted, for printing and logging

@@ -13,7 +13,7 @@ two sequences with no token in common, F / C the MLP's kernel map and C-map.
 """
 import numpy as np
 
-from .attn_bias import bias_and_rescale, log_attention_from, spa_layer, spa_matrix
+from .attn_bias import bias_and_rescale, log_attention_from, spa_matrix
 from .kernels import flush, normalised_kernel, spa_kernel
 from .maps import BlockMaps, attention_map
 
@@ -71,8 +71,8 @@ def walk(cfg, activation, values, d_rule="spa", T=None, sigma_0=None, mlp_aware=
         S = maps.combine(S, maps.mlp_map(maps.branch_input(S)))
         if entry.get("realised"):
             overrides.append(split_bias(A))          # exact zeros of A become -inf in B
-        elif d_rule == "qpreserve":                  # B in closed form: no exp underflow
-            overrides.append((spa_layer(kind, T, values[l], values[l - 1], with_logA=False)["B"], D))
+        elif d_rule == "qpreserve":                  # B_l stays the closed form (O(T) parts)
+            overrides.append((None, D))
         else:
             overrides.append(None)
     return overrides, S, report
