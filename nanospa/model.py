@@ -12,7 +12,7 @@ A block is an attention sublayer then an MLP sublayer, combined as ``residual`` 
     residual="standard", N, post     X' = N(X + MHA(X));          X_out = N(X' + MLP(X'))  (Post-LN)
     residual="normalised"            X' = a X + b MHA(N(X)),  a^2 + b^2 = 1 (b = residual_beta)
 
-Attention (per head h; B_l, D_l are fixed buffers from nanospa.signal):
+Attention (per head h; B_l, D_l fixed by nanospa.signal; dense or blockwise, see Attention):
 
     softmax          P_h = softmax(Q_h K_h^T / sqrt(D) + causal mask)
     value_skipinit   A_h = alpha I + beta P_h        (alpha = 1, beta = 0 trainable)
@@ -24,7 +24,7 @@ the paper's follow-up choice, [choice]: nanospa's documented choice):
     W^V, W^O         independent random orthogonal matrices                 [follow-up]
     W^Q              0 for E-SPA, U-SPA, Value-SkipInit (softmax: zero_query) [follow-up]
     W^K, head        N(0, 1/d)                                              [choice]
-    B_l, D_l         signal.layer_bias: the closed forms of attn_bias.py     (method §7, §8)
+    B_l, D_l         signal.attn_bias.layer_parts: O(T) closed-form parts     (method §7, §8)
     alpha, beta      1 and 0 (Value-SkipInit), trainable                    [follow-up]
     MLP W_1, W_2     orthogonal times max(sqrt(fan_out / fan_in), 1)         [choice, DKS/TAT]
     phi_hat          signal.activation_transform (DKS / TAT)                 (docs/activations.md)
@@ -40,9 +40,11 @@ import math
 
 import numpy as np
 
+from . import attention
 from . import backend
 from . import fused
 from . import signal
+from .signal.attn_bias import bias_block, layer_parts
 from .functions import Shaped
 from .nn import DyT, Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, orthogonal
 from .tensor import Tensor, no_grad
@@ -89,10 +91,26 @@ class ShapedActivation:
 
 
 class Attention(Module):
+    """Multi-head causal attention of one block. The attention itself runs densely (fused
+    softmax on the (B, H, T, T) scores: the readable reference, also used by trace()) or by
+    blocks (attention.BlockwiseAttention, O(B H T D) memory), as attention.implementation
+    resolves cfg.attention_impl for cfg.block_size. What a SPA block keeps of B_l follows:
+
+        dense       the buffer B = tril(B_l), (T, T) in the model's dtype (in the state dict)
+        blockwise   B_l's O(T) parts (signal.attn_bias.layer_parts: float64 host vectors,
+                    a few per layer), each (query, key) block generated when needed; not in
+                    the state dict, since a fixed B_l is a function of the configuration
+        train_bias  the Parameter B, (T, T), either way: with its gradient and AdamW's two
+                    moments, 16 T^2 bytes per layer in float32 (1 GiB at T = 8192)
+
+    and D_l is the buffer D, (T,), always."""
+
     def __init__(self, cfg, layer, plan, rng):
         super().__init__()
         C, H, dt = cfg.n_embd, cfg.n_head, cfg.dtype
-        self.n_head, self.kind = H, cfg.attention
+        self.n_head, self.kind, self.dtype = H, cfg.attention, dt
+        self.impl = attention.implementation(cfg.attention_impl, cfg.block_size)
+        self.block, self.bias_parts = cfg.attention_block, None
         self.q = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)      # each Linear draws N(0, 1/C)
         self.k = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
         self.v = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
@@ -102,12 +120,17 @@ class Attention(Module):
         if cfg.attention != "softmax" or cfg.zero_query:
             self.q.weight.data = weight(np.zeros((C, C)), dt)        # W^Q = 0: A_l set by B_l, D_l
         if cfg.attention in ("uspa", "espa"):
-            B, D = signal.layer_bias(plan, layer)                    # A_l = diag(D_l) softmax(B_l)
-            B = np.tril(B)  # above the diagonal the causal mask decides; keep B finite there
-            if cfg.train_bias:
-                self.B = Parameter(B, no_decay=True, dtype=dt)       # decaying a bias towards 0 is wrong
+            parts, D = layer_parts(plan, layer)                      # A_l = diag(D_l) softmax(B_l)
+            T = cfg.block_size
+            if cfg.train_bias or self.impl == "dense":
+                # above the diagonal the causal mask decides; keep B finite there
+                B = np.tril(bias_block(parts, 0, T, 0, T))
+                if cfg.train_bias:
+                    self.B = Parameter(B, no_decay=True, dtype=dt)   # decaying a bias towards 0 is wrong
+                else:
+                    self.register_buffer("B", weight(B, dt))
             else:
-                self.register_buffer("B", weight(B, dt))
+                self.bias_parts = parts
             self.register_buffer("D", weight(D, dt))
         elif cfg.attention == "value_skipinit":
             shape = (H, 1, 1) if cfg.skipinit_per_head else (1,)
@@ -120,9 +143,14 @@ class Attention(Module):
         q = self.q(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # (B, T, C) -> (B, H, T, D)
         k = self.k(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)
         v = self.v(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)
-        bias, causal = self.logit_bias(T)
-        P = fused.softmax(q @ k.transpose(0, 1, 3, 2), bias, scale=1.0 / math.sqrt(D), causal=causal)  # (B, H, T, T)
-        y = P @ v                                                   # (B, H, T, D)
+        if self.impl == "blockwise" and record is None:             # (B, H, T, D), no (T, T) matrix
+            trained = self.B if isinstance(getattr(self, "B", None), Tensor) else None
+            fixed = self.generated_bias if self.bias_parts is not None else None
+            y = attention.causal_attention(q, k, v, 1.0 / math.sqrt(D), self.block, trained, fixed)
+        else:
+            bias, causal = self.logit_bias(T)
+            P = fused.softmax(q @ k.transpose(0, 1, 3, 2), bias, scale=1.0 / math.sqrt(D), causal=causal)  # (B, H, T, T)
+            y = P @ v                                               # (B, H, T, D)
         if self.kind in ("uspa", "espa"):
             y = signal.rescale(y, self.D)                           # row i scaled by D_l[i]
         elif self.kind == "value_skipinit":
@@ -133,12 +161,16 @@ class Attention(Module):
         return self.proj(y)
 
     def logit_bias(self, T):
-        """What softmax adds to the scaled logits, and whether it must still add the causal
-        mask: for a fixed SPA bias, B_l[:T, :T] + mask (-inf above the diagonal), computed
-        once per length and cached (it holds B_l, so a new B_l from load_state_dict is seen);
-        for a trainable B_l, B_l itself; for the other kinds nothing."""
+        """What the dense path's softmax adds to the scaled logits, and whether it must still
+        add the causal mask: for a fixed SPA bias stored densely, B_l[:T, :T] + mask (-inf
+        above the diagonal), computed once per length and cached (it holds B_l, so a new B_l
+        from load_state_dict is seen); for a trainable B_l, B_l itself; for a blockwise
+        model's O(T) parts, B_l[:T, :T] generated now (-inf above the diagonal; trace() at
+        small T); for the other kinds nothing."""
         if self.kind not in ("uspa", "espa"):
             return None, True
+        if self.bias_parts is not None:
+            return Tensor(self.generated_bias(0, T, 0, T)), False
         if isinstance(self.B, Tensor):
             return self.B[:T, :T], True
         cache = self.__dict__.get("_logit_bias")
@@ -146,6 +178,12 @@ class Attention(Module):
             mask = fused.causal_mask(backend.xp_of(self.B), T, self.B.dtype)
             cache = self._logit_bias = (self.B, Tensor(self.B[:T, :T] + mask))
         return cache[1], False
+
+    def generated_bias(self, i0, i1, j0, j1):
+        """B_l[i0:i1, j0:j1] from the O(T) parts (signal.attn_bias.bias_block: float64 maths,
+        rounded once to the model's dtype), on the model's device. On a GPU each block is
+        made on the host and copied over (no device generator yet: not profiled)."""
+        return backend.asarray(bias_block(self.bias_parts, i0, i1, j0, j1, self.dtype))
 
     def effective_attention(self, P, T):
         """The matrix that multiplies the values: diag(D) P (SPA), alpha I + beta P, or P."""

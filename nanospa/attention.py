@@ -1,0 +1,148 @@
+"""Causal attention by blocks, in O(B H T D) memory: Y = softmax(scale Q K^T + bias + causal
+mask) V without any (T, T) matrix (docs/method.md §2.1, §8; the online softmax of the
+FlashAttention papers, written with NumPy/CuPy array operations).
+
+    BlockwiseAttention      the Function: forward and backward side by side, on raw xp arrays
+    causal_attention(q, k, v, scale, block, bias=None, bias_block=None)   its Tensor spelling
+    block_size(T, block)    the block size a call uses (block 0: chosen by T)
+    implementation(impl, T) "dense" or "blockwise" for GPTConfig.attention_impl at block_size T
+
+Forward, for each query block I (rows [i0, i1)) and the key blocks J <= I (blocks entirely
+above the diagonal are skipped), with a running row maximum m, row sum l and output acc:
+
+    S   = scale Q_I K_J^T + B[I, J]  (+ the causal mask on the diagonal block)
+    m'  = max(m, rowmax S);   P = exp(S - m')
+    l   = e^(m - m') l + rowsum P;   acc = e^(m - m') acc + P V_J;   m = m'
+    Y_I = acc / l;   lse_I = m + log l      (the row log-sum-exp, saved for the backward)
+
+The diagonal block goes first: each of its rows sees its own key, so m is finite from the
+start (an SPA bias may be -inf off the diagonal: an identity layer), and a later block that
+is all -inf for some row adds exact zeros to it.
+
+Backward recomputes P = exp(S - lse) block by block, with Delta = rowsum(dY * Y):
+
+    dV_J += P^T dY_I;   dP = dY_I V_J^T;   dS = P (dP - Delta_I)
+    dQ_I += scale dS K_J;   dK_J += scale dS^T Q_I;   dB[I, J] += sum over batch, heads of dS
+
+Saved: scale Q, K, V, Y and lse, O(B H T D) numbers; each step holds a few (B, H, bq, bk)
+blocks. The bias is either a (T_max, T_max) array input (a trainable B_l, which gets its
+gradient; T_max >= T) or a function bias_block(i0, i1, j0, j1) returning that block of a
+constant bias in q's dtype and module (SPA's fixed B_l, generated from its O(T) parts by
+signal.attn_bias.bias_block), or neither (plain softmax). D_l and Value-SkipInit's
+alpha I + beta P act on the output outside this op (model.py). Probabilities below
+sqrt(tiny) are flushed to 0, as in fused.Softmax: subnormal numbers slow the products.
+
+Not here: the dense reference (fused.Softmax on the full (T, T) scores, which model.py uses
+at short T and for trace()), where the bias comes from (model.py, nanospa.signal).
+"""
+from .fused import causal_mask
+from .tensor import Function
+
+AUTO_BLOCK = 256        # block 0: min(T, AUTO_BLOCK) rows and columns per block
+AUTO_DENSE_MAX_T = 512  # attention_impl "auto": the dense reference up to this block_size
+
+
+def implementation(impl, T):
+    """What GPTConfig.attention_impl means for a model of block_size T: "dense" and
+    "blockwise" as given; "auto" is dense up to AUTO_DENSE_MAX_T positions, else blockwise."""
+    if impl == "auto":
+        return "dense" if T <= AUTO_DENSE_MAX_T else "blockwise"
+    if impl not in ("dense", "blockwise"):
+        raise ValueError(f"attention_impl must be 'auto', 'dense' or 'blockwise', got {impl!r}")
+    return impl
+
+
+def block_size(T, block):
+    """The block size of a call: `block` itself, or min(T, AUTO_BLOCK) for block 0."""
+    return min(T, block or AUTO_BLOCK)
+
+
+def _blocks(T, n):
+    return [(i, min(i + n, T)) for i in range(0, T, n)]
+
+
+def _flush(p, xp):
+    """Entries below sqrt(tiny) set to 0 in place (see the module docstring)."""
+    p *= p >= xp.finfo(p.dtype).tiny ** 0.5
+    return p
+
+
+class BlockwiseAttention(Function):
+
+    def _scores(ctx, qs, k, bias, bias_block, i0, i1, j0, j1):
+        """S = (scale Q)_I K_J^T + B[I, J] (+ mask on the diagonal block), a new array."""
+        s = qs[..., i0:i1, :] @ k[..., j0:j1, :].swapaxes(-1, -2)          # (B, H, bq, bk)
+        if bias is not None:
+            s += bias[i0:i1, j0:j1]
+        elif bias_block is not None:
+            s += bias_block(i0, i1, j0, j1)
+        if i0 == j0:                                                       # the diagonal block
+            s += causal_mask(ctx.xp, i1 - i0, s.dtype)
+        return s
+
+    def forward(ctx, q, k, v, *bias, scale, block=0, bias_block=None):
+        xp = ctx.xp
+        bias = bias[0] if bias else None
+        T = q.shape[-2]
+        n = block_size(T, block)
+        qs = q * q.dtype.type(scale)                                       # (B, H, T, D)
+        y = xp.empty_like(qs)
+        lse = xp.empty(q.shape[:-1], dtype=q.dtype)                        # (B, H, T)
+        for i0, i1 in _blocks(T, n):
+            m = l = acc = None
+            for j0, j1 in [(i0, i1)] + _blocks(i0, n):                     # diagonal block first
+                s = ctx._scores(qs, k, bias, bias_block, i0, i1, j0, j1)
+                m_new = s.max(axis=-1)                                     # (B, H, bq)
+                if m is not None:
+                    xp.maximum(m_new, m, out=m_new)
+                s -= m_new[..., None]
+                p = _flush(xp.exp(s, out=s), xp)
+                if m is None:
+                    l, acc = p.sum(axis=-1), p @ v[..., j0:j1, :]
+                else:
+                    alpha = xp.exp(m - m_new)                              # (B, H, bq), <= 1
+                    l = l * alpha + p.sum(axis=-1)
+                    acc *= alpha[..., None]
+                    acc += p @ v[..., j0:j1, :]
+                m = m_new
+            y[..., i0:i1, :] = acc / l[..., None]
+            lse[..., i0:i1] = m + xp.log(l)
+        ctx.save(qs, k, v, y, lse, bias)
+        ctx.scale, ctx.block, ctx.bias_block = scale, n, bias_block
+        return y
+
+    def backward(ctx, g):
+        xp = ctx.xp
+        qs, k, v, y, lse, bias = ctx.saved
+        T, n = qs.shape[-2], ctx.block
+        delta = (g * y).sum(axis=-1)                                       # (B, H, T)
+        dq, dk, dv = xp.zeros_like(qs), xp.zeros(k.shape, qs.dtype), xp.zeros(v.shape, qs.dtype)
+        dbias = xp.zeros_like(bias) if bias is not None and ctx.needs_grad(3) else None
+        for i0, i1 in _blocks(T, n):
+            g_i = g[..., i0:i1, :]
+            for j0, j1 in _blocks(i1, n):                                  # J <= I
+                s = ctx._scores(qs, k, bias, ctx.bias_block, i0, i1, j0, j1)
+                s -= lse[..., i0:i1, None]
+                p = _flush(xp.exp(s, out=s), xp)                           # P[I, J]
+                dv[..., j0:j1, :] += p.swapaxes(-1, -2) @ g_i
+                ds = g_i @ v[..., j0:j1, :].swapaxes(-1, -2)               # dP
+                ds -= delta[..., i0:i1, None]
+                ds *= p                                                    # dS = P (dP - Delta)
+                dq[..., i0:i1, :] += ds @ k[..., j0:j1, :]
+                dk[..., j0:j1, :] += ds.swapaxes(-1, -2) @ qs[..., i0:i1, :]
+                if dbias is not None:
+                    dbias[i0:i1, j0:j1] += ds.sum(axis=tuple(range(ds.ndim - 2)))
+        dq *= qs.dtype.type(ctx.scale)                                     # dk used scale Q already
+        return (dq, dk, dv) + ((dbias,) if bias is not None else ())
+
+
+def causal_attention(q, k, v, scale, block=0, bias=None, bias_block=None):
+    """softmax(scale q k^T + bias + causal mask) v by blocks (BlockwiseAttention): q, k, v
+    Tensors (..., T, D); bias an optional Tensor (T_max, T_max), T_max >= T, or bias_block an
+    optional function (i0, i1, j0, j1) -> that block of a constant bias (not both); block
+    the query/key block size (0: chosen by T). -> (..., T, D)."""
+    if bias is not None and bias_block is not None:
+        raise ValueError("causal_attention: give bias (an array input) or bias_block (a function), not both")
+    args = (q, k, v) if bias is None else (q, k, v, bias)
+    return BlockwiseAttention.apply(*args, scale=float(scale), block=int(block), bias_block=bias_block)
+
