@@ -39,6 +39,16 @@ from .tensor import Function, no_grad
 FISHER_MODES = ("sampled", "empirical", "exact")
 DAMPING_MODES = ("factored", "exact")
 INVERSE_DTYPES = ("float64", "float32")
+SETTINGS = {  # the constructor's checks: name -> (test, what a good value is)
+    "lr": (lambda v: v >= 0, ">= 0"), "damping": (lambda v: v > 0, "> 0"),
+    "ema": (lambda v: 0 <= v < 1, "in [0, 1)"), "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "inv_interval": (lambda v: isinstance(v, int) and v >= 1, "a positive integer"),
+    "weight_decay": (lambda v: v >= 0, ">= 0"), "kl_clip": (lambda v: v >= 0, ">= 0 (0 = off)"),
+    "stats_fraction": (lambda v: 0 < v <= 1, "in (0, 1]"), "adam_lr_ratio": (lambda v: v >= 0, ">= 0"),
+    "fisher": (lambda v: v in FISHER_MODES, f"one of {FISHER_MODES}"),
+    "inverse_dtype": (lambda v: v in INVERSE_DTYPES, f"one of {INVERSE_DTYPES}"),
+    "damping_mode": (lambda v: v in DAMPING_MODES, f"one of {DAMPING_MODES}"),
+}
 
 
 class _Tap(Function):
@@ -89,6 +99,14 @@ class _Capture:
         sums = stats.setdefault(self.key, _Sums())
         sums.add_input(x.data.reshape(-1, x.shape[-1]))     # (B, T, n_in) -> (B T, n_in): expand
         return _Tap.apply(y, sums=sums)
+
+
+class _Slot:
+    """A batch factor in the shape World.allreduce_grads reduces: ``.grad`` (and ``.data``)."""
+    __slots__ = ("data", "grad")
+
+    def __init__(self, a):
+        self.data = self.grad = a
 
 
 class _Block:
@@ -158,35 +176,24 @@ class KFAC:
     parameters), kl_clip (0 = off), fisher (sampled | empirical | exact), stats_fraction
     (share of the batch's sequences in the curvature pass), inverse_dtype (of eigh),
     damping_mode (factored | exact), adam_betas, adam_eps, adam_lr_ratio (the fallback's
-    lr / lr), seed (of the sampled targets), allreduce (mean over ranks, a hook)."""
+    lr / lr), seed (of the sampled targets: give each rank its own), allreduce: a function
+    that replaces each ``.grad`` of a list of objects by its mean over ranks (the signature
+    of nanospa.distributed's World.allreduce_grads), applied to the batch factors."""
 
-    def __init__(self, model, lr=0.01, damping=1e-3, ema=0.95, inv_interval=10, momentum=0.9,
+    def __init__(self, model, lr=0.05, damping=1e-3, ema=0.95, inv_interval=10, momentum=0.5,
                  weight_decay=0.0, kl_clip=1e-3, fisher="sampled", stats_fraction=0.25,
                  inverse_dtype="float64", damping_mode="factored", adam_betas=(0.9, 0.999),
-                 adam_eps=1e-8, adam_lr_ratio=1.0, seed=0, logits_fn=None, allreduce=None):
-        checks = [("lr", lr >= 0), ("damping", damping > 0), ("ema", 0 <= ema < 1),
-                  ("inv_interval", isinstance(inv_interval, int) and inv_interval >= 1),
-                  ("momentum", 0 <= momentum < 1), ("weight_decay", weight_decay >= 0),
-                  ("kl_clip", kl_clip >= 0), ("fisher", fisher in FISHER_MODES),
-                  ("stats_fraction", 0 < stats_fraction <= 1),
-                  ("inverse_dtype", inverse_dtype in INVERSE_DTYPES),
-                  ("damping_mode", damping_mode in DAMPING_MODES),
-                  ("adam_lr_ratio", adam_lr_ratio >= 0)]
-        bad = [name for name, ok in checks if not ok]
+                 adam_eps=1e-8, adam_lr_ratio=0.05, seed=0, logits_fn=None, allreduce=None):
+        values = dict(lr=lr, damping=damping, ema=ema, inv_interval=inv_interval, momentum=momentum,
+                      weight_decay=weight_decay, kl_clip=kl_clip, fisher=fisher,
+                      stats_fraction=stats_fraction, inverse_dtype=inverse_dtype,
+                      damping_mode=damping_mode, adam_lr_ratio=adam_lr_ratio)
+        bad = [f"{k} must be {SETTINGS[k][1]}, got {v!r}" for k, v in values.items() if not SETTINGS[k][0](v)]
         if bad:
-            shown = dict(lr=lr, damping=damping, ema=ema, inv_interval=inv_interval, momentum=momentum,
-                         weight_decay=weight_decay, kl_clip=kl_clip, fisher=fisher,
-                         stats_fraction=stats_fraction, inverse_dtype=inverse_dtype,
-                         damping_mode=damping_mode, adam_lr_ratio=adam_lr_ratio)
-            raise ValueError("K-FAC: bad setting " + ", ".join(f"{k}={shown[k]!r}" for k in bad)
-                             + f" (fisher in {FISHER_MODES}, damping_mode in {DAMPING_MODES}, "
-                             f"inverse_dtype in {INVERSE_DTYPES})")
-        self.lr, self.damping, self.ema, self.inv_interval = lr, damping, ema, inv_interval
-        self.momentum, self.weight_decay, self.kl_clip, self.fisher = momentum, weight_decay, kl_clip, fisher
-        self.stats_fraction, self.inverse_dtype, self.damping_mode = stats_fraction, inverse_dtype, damping_mode
-        self.b1, self.b2 = adam_betas
-        self.adam_eps, self.adam_lr_ratio, self.seed = adam_eps, adam_lr_ratio, seed
-        self.model, self.allreduce = model, allreduce
+            raise ValueError("K-FAC: " + "; ".join(bad))
+        for k, v in values.items():
+            setattr(self, k, v)
+        (self.b1, self.b2), self.adam_eps, self.seed, self.allreduce = adam_betas, adam_eps, seed, allreduce
         self.logits_fn = logits_fn or (lambda idx: _first(model(idx)))
         self.params = model.parameters()
         index = {id(p): i for i, p in enumerate(self.params)}
@@ -240,16 +247,18 @@ class KFAC:
         for stats in backend.parallel_map(run, range(k)):   # slice order
             for key, sums in stats.items():
                 total.setdefault(key, _Sums()).add(sums)
+        batch = []
         for key, blk in enumerate(self.blocks):
             sums = total.get(key)
             if sums is None or sums.gg is None:
                 raise RuntimeError(f"K-FAC: Linear {blk.name} took no part in the curvature pass "
                                    "(unused, or its hook belongs to another K-FAC optimiser)")
-            A, G = self._batch_factors(sums, with_bias=blk.b is not None)
-            if self.allreduce is not None:                  # data parallel: mean over ranks
-                A, G = self.allreduce(A), self.allreduce(G)
-            blk.A = A * (1 - self.ema) if blk.A is None else blk.A * self.ema + A * (1 - self.ema)
-            blk.G = G * (1 - self.ema) if blk.G is None else blk.G * self.ema + G * (1 - self.ema)
+            batch += [_Slot(f) for f in self._batch_factors(sums, with_bias=blk.b is not None)]
+        if self.allreduce is not None:                      # data parallel: the mean over ranks
+            self.allreduce(batch)
+        for blk, A, G in zip(self.blocks, batch[0::2], batch[1::2]):    # moving sums, from 0
+            blk.A = A.grad * (1 - self.ema) + (0 if blk.A is None else blk.A * self.ema)
+            blk.G = G.grad * (1 - self.ema) + (0 if blk.G is None else blk.G * self.ema)
         self.updates += 1
 
     def _pass(self, idx, targets, u, lo, hi):
@@ -380,34 +389,26 @@ class KFAC:
             raise ValueError("optimiser state is not K-FAC's (no kfac.updates): resume with the "
                              "optimiser that wrote the checkpoint")
         known = {"t", "kfac.updates"}
+
+        def take(key, shape):
+            known.add(key)
+            if key in state and tuple(state[key].shape) != tuple(shape):
+                raise ValueError(f"K-FAC state {key!r}: shape {tuple(state[key].shape)}, expected {tuple(shape)}")
+            return backend.asarray(state[key]) if key in state else None
+
         for i, blk in enumerate(self.blocks):
             w = self.params[blk.w]
             n_in, n_out = w.shape[0] + (blk.b is not None), w.shape[1]
             shapes = dict(A=(n_in, n_in), G=(n_out, n_out), evA=(n_in,), UA=(n_in, n_in),
                           evG=(n_out,), UG=(n_out, n_out))
             for name in self.STATE:
-                key = f"kfac.{name}.{i}"
-                known.add(key)
-                value = state[key] if key in state else None
-                _check_shape(key, value, shapes[name])
-                setattr(blk, name, None if value is None else backend.asarray(value))
+                setattr(blk, name, take(f"kfac.{name}.{i}", shapes[name]))
         for name in ("mom", "m", "v"):
-            arrays = getattr(self, name)
-            for j, p in enumerate(self.params):
-                key = f"kfac.{name}.{j}"
-                known.add(key)
-                value = state[key] if key in state else None
-                _check_shape(key, value, p.shape)
-                arrays[j] = None if value is None else backend.asarray(value)
+            getattr(self, name)[:] = [take(f"kfac.{name}.{j}", p.shape) for j, p in enumerate(self.params)]
         unexpected = sorted(set(state) - known)
         if unexpected:
             raise ValueError(f"K-FAC state has keys this model does not: {unexpected[:5]}")
         self.t, self.updates = int(state["t"]), int(state["kfac.updates"])
-
-
-def _check_shape(key, value, shape):
-    if value is not None and tuple(value.shape) != tuple(shape):
-        raise ValueError(f"K-FAC state {key!r}: shape {tuple(value.shape)}, expected {tuple(shape)}")
 
 
 def _first(out):

@@ -490,3 +490,16 @@ def test_allreduce_averages_the_batch_factors_over_ranks():
     for i in range(len(one.blocks)):
         for f0, f in zip(rank0.factors(i), one.factors(i)):
             np.testing.assert_allclose(f0, f, rtol=1e-12, atol=1e-15)
+
+
+def test_float32_descends_and_keeps_its_dtype():
+    """A float32 Pre-LN Value-SkipInit model (norm gains, alpha, beta in the fallback): steps
+    on one batch lower its loss, and weights and optimiser state stay float32."""
+    cfg = tiny_config(dtype="float32", attention="value_skipinit", residual="standard", norm="layernorm")
+    x, y = np.random.default_rng(10).integers(0, cfg.vocab_size, size=(2, 4, cfg.block_size))
+    model = GPT(cfg, seed=0)
+    opt = KFAC(model, lr=0.05)
+    losses = train_steps(model, opt, [(x, y)] * 5)
+    assert losses[-1] < losses[0] - 0.1
+    assert all(p.dtype == np.float32 for p in model.parameters())
+    assert all(v.dtype == np.float32 for k, v in opt.state_dict().items() if k != "t" and v.ndim)
