@@ -9,8 +9,9 @@ from nanospa import GPT, GPTConfig
 from nanospa.signal import kernels, layer_bias, make_plan, realise, spa_matrix, spa_schedule
 from nanospa.signal.budget import activation_spec
 from nanospa.signal.predict import predict_kernels
-from nanospa.signal.walks import (JOINT_SOLVE_T, adjacent_mean, network_stats, pair_walk,
-                                  split_bias, walk)
+from nanospa.signal import budget, walks
+from nanospa.signal.walks import (JOINT_SOLVE_T, adjacent_mean, extend_overrides, network_stats,
+                                  pair_walk, split_bias, walk)
 
 EPS = np.finfo(np.float64).eps
 
@@ -170,3 +171,52 @@ def test_network_stats_and_adjacent_mean():
     X2 = np.diag(np.linspace(0.1, 0.6, T))
     assert network_stats(K, X2, T_full=10)[0] == pytest.approx(
         (np.sum(np.diag(X2) / 2.0) + 4 * 0.6 / 2.0) / 10, rel=1e-14)
+
+
+# ------------------------------------------------------------------ windows of positions
+
+
+def _window_error(c, schedule, activation, T_w):
+    """Largest relative error of qpreserve's D_l found at T_w positions and extended with its
+    last value, against the walk at the full T."""
+    full, _, _ = walk(c, activation, schedule, "qpreserve")
+    part, _, _ = walk(c, activation, schedule, "qpreserve", T=T_w)
+    ext = extend_overrides(part, c.block_size)
+    return max(float(np.max(np.abs(e[1] / f[1] - 1.0))) for e, f in zip(ext, full))
+
+
+def test_qpreserve_window_error_against_the_full_walk():
+    """qpreserve's D_l on a window of T_w positions, extended by its last value, against the
+    walk at the full T = 400 (L = 16, gamma_L = 0.05): the error falls like e^{-gamma_L T_w}
+    (observed 7e-4 at T_w = 80, 4 decay lengths; 2e-6 at qpreserve_walk_T's 200, 10 decay
+    lengths); with the joint schedule (gamma_L ~ 0.6) the minimal window is exact to
+    rounding (observed 7e-16); U-SPA is not stationary and walks at the full T."""
+    c = cfg(block_size=400, n_layer=16, kernel_budget="qpreserve", eta=0.5, gamma_final=0.05)
+    plan = make_plan(cfg(block_size=64, n_layer=16, kernel_budget="independent", eta=0.5, gamma_final=0.05))
+    T_w = walks.qpreserve_walk_T("espa", 400, 0.05)
+    assert T_w == 200
+    short, chosen = (_window_error(c, plan.schedule, plan.activation, w) for w in (80, T_w))
+    assert 1e-4 < short < 2e-3 and chosen < 1e-5
+    joint = make_plan(cfg(block_size=64, n_layer=16, kernel_budget="joint"))
+    assert walks.qpreserve_walk_T("espa", 400, joint.schedule[-1]) == walks.WALK_MIN_T
+    assert _window_error(cfg(**{**c.to_dict(), "kernel_budget": "joint_qpreserve"}), joint.schedule,
+                         joint.activation, walks.WALK_MIN_T) < 1e-14
+    assert walks.qpreserve_walk_T("uspa", 400, 0.8) == 400
+
+
+def test_make_plan_walks_qpreserve_on_a_window():
+    """Where the window is shorter than T, make_plan's qpreserve walk runs on it and extends
+    D_l (info walk_T); mlp_aware walks at the full T (its A_l has no closed form)."""
+    c = cfg(block_size=96, n_layer=4, kernel_budget="qpreserve", eta=0.5, gamma_final=0.2)
+    plan = make_plan(c)
+    assert plan.info["walk_T"] == 64
+    part, _, _ = walk(c, plan.activation, plan.schedule, "qpreserve", T=64)
+    for (B, D), (_, D64) in zip(plan.overrides, part):
+        assert B is None and D.shape == (96,)
+        np.testing.assert_array_equal(D[:64], D64)
+        assert np.all(D[64:] == D64[-1])
+    aware = make_plan(cfg(block_size=96, n_layer=4, kernel_budget="mlp_aware", activation="dks_gelu",
+                          gamma_final=0.2))
+    assert "walk_T" not in aware.info and aware.overrides[0][0].shape == (96, 96)
+    with pytest.raises(ValueError, match="cannot be extended"):
+        extend_overrides([(np.zeros((2, 2)), np.ones(2))], 4)

@@ -49,7 +49,7 @@ import numpy as np
 from .act_transform import activation_transform, shaped_activation_names
 from .depth_targets import chain_c0
 from .kernels import DEFAULT_GAMMA_FINAL, SPA_KINDS, spa_schedule
-from .walks import JOINT_SOLVE_T, network_stats, pair_walk, walk
+from .walks import JOINT_SOLVE_T, extend_overrides, network_stats, pair_walk, qpreserve_walk_T, walk
 
 BUDGETS = ("independent", "joint", "qpreserve", "mlp_aware", "joint_qpreserve")
 DEFAULT_BUDGET = "joint"
@@ -304,7 +304,15 @@ def make_plan(cfg):
     values = spa_schedule(cfg.attention, cfg.n_layer, final)
     overrides = None
     if not (policy == "independent" or (joint and d_rule == "spa")):
-        overrides, _, report = walk(cfg, activation, values, d_rule, mlp_aware=(policy == "mlp_aware"))
+        # qpreserve's D_l is found on a window of positions and extended (walks.qpreserve_walk_T);
+        # mlp_aware's A_l has no closed form to extend: it walks at the full T (O(T^2) per layer)
+        T_walk = cfg.block_size
+        if policy != "mlp_aware":
+            T_walk = qpreserve_walk_T(cfg.attention, cfg.block_size, final)
+        overrides, _, report = walk(cfg, activation, values, d_rule, T=T_walk, mlp_aware=(policy == "mlp_aware"))
+        if T_walk < cfg.block_size:
+            overrides = extend_overrides(overrides, cfg.block_size)
+            info["walk_T"] = T_walk
         if policy == "mlp_aware":
             info["mlp_aware"] = report
             info["mlp_aware_realised"] = [e["layer"] for e in report if e["realised"]]
