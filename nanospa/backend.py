@@ -11,6 +11,7 @@ run in the same process as a GPU model. CuPy is imported here and nowhere else.
     scatter_add(a, i, v)  a[i] += v with repeated indices summed (embedding backward)
     synchronize()         wait for the device (a no-op on the CPU)
     set_threads(n)        worker threads for data-parallel slices of a batch (CPU)
+    gpu_count(), select_gpu(i), nccl(), stream_ptr()   one process per GPU (distributed.py)
 
 All random initialisation is drawn on the host from a seeded numpy.random.Generator and
 then moved with ``asarray``, so CPU and GPU runs start from identical weights.
@@ -140,6 +141,37 @@ def synchronize():
     """Block until queued device work is done (for timing). A no-op on the CPU."""
     if _device == "cuda" and _cp is not None:
         _cp.cuda.Device().synchronize()
+
+
+def gpu_count():
+    """GPUs CuPy sees (0 without CuPy)."""
+    return _cp.cuda.runtime.getDeviceCount() if cuda_available() else 0
+
+
+def select_gpu(index):
+    """Make GPU ``index`` this process's current device (before any array is put on it):
+    one process per GPU, chosen by distributed.World from its rank on the machine."""
+    if not cuda_available():
+        raise DeviceError("device 'cuda' requested but CuPy sees no GPU")
+    _cp.cuda.Device(index).use()
+
+
+def nccl():
+    """CuPy's NCCL bindings (cupy.cuda.nccl); DeviceError when this CuPy build has none."""
+    if _cp is None:
+        raise DeviceError("NCCL needs CuPy: pip install -e .[gpu]")
+    try:
+        from cupy.cuda import nccl as _nccl  # ships with CuPy; usable only where NCCL was found
+    except ImportError:
+        _nccl = None
+    if _nccl is None or not getattr(_nccl, "available", True):
+        raise DeviceError("this CuPy finds no NCCL library (install NCCL, e.g. pip install nvidia-nccl-cu12)")
+    return _nccl
+
+
+def stream_ptr():
+    """The current CUDA stream as an integer handle, for NCCL calls ordered after queued work."""
+    return _cp.cuda.get_current_stream().ptr
 
 
 def memory_pool_bytes():
