@@ -7,6 +7,19 @@ python -m nanospa.experiments, python -m nanospa.signal and python -m nanospa.be
     help_text(title, defaults, notes, presets)      the --help screen
     source_notes(*paths)                            --help notes from a defaults block's comments
     fail(error)                                     print "error: ..." on one line; -> 2
+    run_command(fn, *args, diverged=())             fn(*args) -> exit status, every failure one
+                                                    `error:` line and status 2 (NANOSPA_DEBUG=1:
+                                                    the traceback instead)
+    describe(error)                                 the one-line message of a failure
+    check_output_dir(path, key), check_output_file(path, key)
+                                                    an output path can be written, checked
+                                                    before any work starts (SettingsError)
+
+Exit status of every command: 0 done, 1 training diverged (train.py only), 2 bad input or an
+environment fault (a path that cannot be read or written, a full disk, out of memory, a
+malformed checkpoint, a bad setting; one line starting `error:` on stderr), 130 / 143
+interrupted by SIGINT / SIGTERM (train.py saves a checkpoint first). With NANOSPA_DEBUG=1 in
+the environment a failure raises instead, with its traceback (for bug reports).
 
 A value is read with ast.literal_eval and must have the default's type (a bare word is a
 string; an int is accepted where a float is expected). A tuple default takes a
@@ -20,10 +33,14 @@ and the defaults themselves (each command owns its defaults block).
 """
 import ast
 import difflib
+import os
 import re
 import sys
+from pathlib import Path
 
-EXIT_BAD_INPUT = 2   # every command: 0 done, 1 training diverged, 2 bad input, 130 interrupted
+EXIT_DIVERGED, EXIT_BAD_INPUT = 1, 2   # 0 done
+EXIT_SIGNAL_BASE, SIGINT = 128, 2     # stopped by signal N: 128 + N (SIGINT 130, SIGTERM 143)
+DEBUG_ENV = "NANOSPA_DEBUG"   # set to 1: failures raise with their traceback instead of one error: line
 HELP_COLUMN = 30     # --help: the notes start after this many characters of --key=default
 
 
@@ -134,3 +151,84 @@ def fail(error):
     """Print `error: MESSAGE` on one line of stderr; -> the exit status for bad input."""
     print("error: " + " ".join(str(error).split()), file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+# ----------------------------------------------------------------------------- failures
+
+def debugging():
+    """True when NANOSPA_DEBUG is set (to anything but "" or "0"): failures keep their traceback."""
+    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
+
+
+def describe(error):
+    """The one-line message of a failure. ValueError and RuntimeError (SettingsError, DataError,
+    CheckpointError, DeviceError, GPTConfig's checks) carry their own; an OSError is named by
+    its file; anything else is reported as unexpected, with the debug switch."""
+    if isinstance(error, MemoryError):          # NumPy's _ArrayMemoryError, CuPy's OutOfMemoryError
+        return (f"out of memory ({' '.join(str(error).split()) or type(error).__name__}); use a smaller "
+                "batch_size, block_size or model")
+    if isinstance(error, OSError):
+        where = " -> ".join(str(f) for f in (error.filename, error.filename2) if f is not None)
+        what = error.strerror or str(error) or type(error).__name__
+        return f"{where}: {what}" if where else f"{type(error).__name__}: {what}"
+    if isinstance(error, (ValueError, RuntimeError)) and str(error):
+        return str(error)
+    return (f"unexpected {type(error).__name__}: {error} (a bug in nanospa? {DEBUG_ENV}=1 shows the "
+            "traceback)")
+
+
+def run_command(fn, *args, diverged=()):
+    """fn(*args) -> its exit status; a failure prints one `error:` line and gives EXIT_BAD_INPUT
+    (EXIT_DIVERGED for the exception types `diverged`), Ctrl-C gives 130. With NANOSPA_DEBUG=1
+    they raise instead, with their traceback."""
+    try:
+        return fn(*args)
+    except diverged as e:
+        if debugging():
+            raise
+        fail(e)
+        return EXIT_DIVERGED
+    except KeyboardInterrupt as e:              # Ctrl-C, or train.py's second SIGINT / SIGTERM
+        if debugging():
+            raise
+        print(str(e) or "interrupted", file=sys.stderr)
+        return EXIT_SIGNAL_BASE + getattr(e, "signum", SIGINT)
+    except Exception as e:                      # noqa: BLE001 -- the one place that turns them into a line
+        if debugging():
+            raise
+        return fail(describe(e))
+
+
+def _existing_ancestor(p):
+    while not (p.exists() or p.is_symlink()) and p != p.parent:
+        p = p.parent
+    return p
+
+
+def check_output_dir(path, key):
+    """SettingsError naming --key unless `path` is a folder or one can be made there: not a
+    file, not a dangling link, not under a file, below a writable folder. Nothing is created."""
+    p = Path(path)
+    if p.is_symlink() and not p.exists():
+        raise SettingsError(f"--{key}={path}: a dangling link (to {os.readlink(p)}), not a folder")
+    if p.exists() and not p.is_dir():
+        raise SettingsError(f"--{key}={path}: {path} is a file, not a folder")
+    base = _existing_ancestor(p if p.is_absolute() else Path.cwd() / p)
+    if not base.is_dir():
+        raise SettingsError(f"--{key}={path}: {base} is a file, so no folder can be made under it")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise SettingsError(f"--{key}={path}: {base} is not writable")
+
+
+def check_output_file(path, key):
+    """SettingsError naming --key unless a file can be written at `path`: not a folder, its
+    folder exists (it is not created) and is writable."""
+    p = Path(path)
+    if p.is_dir():
+        raise SettingsError(f"--{key}={path}: a folder, not a file")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        what = "is a file" if folder.exists() else "does not exist"
+        raise SettingsError(f"--{key}={path}: its folder {folder} {what}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise SettingsError(f"--{key}={path}: its folder {folder} is not writable")

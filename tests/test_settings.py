@@ -1,12 +1,16 @@
 """nanospa/settings.py, the one --key=value parser of every command: typed conversion,
 tuples, bare flags, presets, unknown keys with the closest suggestion, the --help screen,
-help notes read from a defaults block, and the one-line error convention. The commands'
+help notes read from a defaults block, the one-line error convention (run_command, describe,
+the NANOSPA_DEBUG switch) and the output-path checks. The commands'
 own uses are tested with them (tests/test_train.py, tests/test_experiments.py,
 tests/test_bench.py, tests/test_signal_main.py)."""
+import errno
+import os
+
 import pytest
 
-from nanospa.settings import (EXIT_BAD_INPUT, SettingsError, convert, fail, help_text, parse_settings,
-                              source_notes, wants_help)
+from nanospa.settings import (EXIT_BAD_INPUT, SettingsError, check_output_dir, check_output_file, convert,
+                              describe, fail, help_text, parse_settings, run_command, source_notes, wants_help)
 
 
 def test_settings_parser_types_and_presets():
@@ -90,3 +94,63 @@ def test_source_notes_read_the_comments_of_a_defaults_block(tmp_path):
 def test_fail_prints_one_line_and_returns_the_bad_input_status(capsys):
     assert fail(ValueError("two\n   lines")) == EXIT_BAD_INPUT == 2
     assert capsys.readouterr().err == "error: two lines\n"
+
+
+# ----------------------------------------------------------------------------- failures
+
+def _raise(error):
+    raise error
+
+
+@pytest.mark.parametrize("error, line", [
+    (SettingsError("unknown setting --x"), "error: unknown setting --x"),
+    (OSError(errno.ENOSPC, "No space left on device", "out/log.jsonl"), "error: out/log.jsonl: No space left on device"),
+    (OSError(errno.ENOSPC, "No space left on device"), "error: OSError: No space left on device"),
+    (IsADirectoryError(errno.EISDIR, "Is a directory", "out/ckpt.npz"), "error: out/ckpt.npz: Is a directory"),
+    (MemoryError("Unable to allocate 8.00 GiB"), "error: out of memory (Unable to allocate 8.00 GiB); use a smaller "
+                                                  "batch_size, block_size or model"),
+    (RuntimeError("device 'cuda' needs CuPy"), "error: device 'cuda' needs CuPy"),
+    (TypeError("bad operand"), "error: unexpected TypeError: bad operand (a bug in nanospa? NANOSPA_DEBUG=1 shows "
+                               "the traceback)"),
+])
+def test_run_command_turns_every_failure_into_one_line_and_status_2(error, line, capsys, monkeypatch):
+    monkeypatch.delenv("NANOSPA_DEBUG", raising=False)
+    assert run_command(_raise, error) == 2
+    assert capsys.readouterr().err == line + "\n"
+    assert describe(error) == line[len("error: "):]
+
+
+def test_run_command_statuses_and_the_debug_switch(capsys, monkeypatch):
+    monkeypatch.delenv("NANOSPA_DEBUG", raising=False)
+    assert run_command(lambda: 0) == 0
+    assert run_command(_raise, ArithmeticError("nan"), diverged=ArithmeticError) == 1     # divergence: 1
+    assert capsys.readouterr().err == "error: nan\n"
+    assert run_command(_raise, KeyboardInterrupt()) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+    for on in ("1", "yes"):
+        monkeypatch.setenv("NANOSPA_DEBUG", on)
+        with pytest.raises(OSError):
+            run_command(_raise, OSError(errno.ENOSPC, "No space left on device"))
+    monkeypatch.setenv("NANOSPA_DEBUG", "0")
+    assert run_command(_raise, ValueError("x")) == 2
+
+
+def test_output_paths_are_checked_without_creating_anything(tmp_path):
+    check_output_dir(tmp_path / "a" / "b", "out")
+    check_output_file(tmp_path / "plot.png", "plot")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SettingsError, match=r"^--out=.*file: .*file is a file, not a folder$"):
+        check_output_dir(tmp_path / "file", "out")
+    with pytest.raises(SettingsError, match="is a file, so no folder can be made under it"):
+        check_output_dir(tmp_path / "file" / "sub", "out")
+    with pytest.raises(SettingsError, match=r"^--plot=.*: its folder .*missing does not exist$"):
+        check_output_file(tmp_path / "missing" / "fig.png", "plot")
+    with pytest.raises(SettingsError, match="its folder .*file is a file"):
+        check_output_file(tmp_path / "file" / "fig.png", "plot")
+    with pytest.raises(SettingsError, match="a folder, not a file"):
+        check_output_file(tmp_path, "plot")
+    check_output_file("fig.png", "plot")                      # the working folder
+    os.symlink(tmp_path / "nowhere", tmp_path / "link")
+    with pytest.raises(SettingsError, match="dangling link"):
+        check_output_dir(tmp_path / "link", "out")
