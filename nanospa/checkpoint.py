@@ -1,11 +1,14 @@
 """Checkpoints of train.py: one .npz file per run, written atomically, read back and checked.
 
-    save_checkpoint(path, model, optimizer, settings, cfg, state)   atomic write
+    save_checkpoint(path, model, optimizer, settings, cfg, state)   atomic write of a finite state
     load_checkpoint(path)      -> dict(model=, optim=, settings=, config=, state=)
     check_same_model(settings, saved, keys)   the model may not change on resume
-    training_state(iteration, best_val_loss, rng)   -> the `state` entry of a checkpoint
-    restore(ckpt, optimizer, rng)             -> (iteration, best_val_loss); exact resume
+    data_identity(meta, spec)  -> what a checkpoint records of its corpus and tokenizer
+    check_same_data(path, saved, current, allow)   resuming on another corpus is refused
+    training_state(iteration, best_val_loss, rng, data=None, train_loss=None)   -> `state`
+    restore(ckpt, optimizer, rng, model=None, path=None)   -> (iteration, best_val_loss)
     CheckpointError            missing, unreadable or incompatible (one-line message)
+    NotFiniteError             save_checkpoint refused a non-finite state (a divergence)
 
 The file (np.savez, no pickled objects, docs/style.md §5):
 
@@ -33,17 +36,35 @@ import numpy as np
 
 JSON_PARTS = ("settings", "config", "state")      # stored as JSON strings
 STATE_KEYS = ("iter", "best_val_loss", "rng")      # what restore() reads from `state`
+TOKENIZER = "byte"                                 # data.py's only tokenizer: UTF-8 bytes
 
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable or does not fit the run; one-line message."""
 
 
+class NotFiniteError(ValueError):
+    """A state with a nan or inf parameter, optimiser array or loss: not written."""
+
+
+def non_finite(model, optimizer, arrays, loss=None):
+    """Names of the parameters (model/NAME), optimiser arrays (optim/NAME) and the loss that
+    are not finite; buffers are not checked (a fixed mask may hold -inf by design)."""
+    names = [f"model/{k}" for k, _ in model.named_parameters()] + [f"optim/{k}" for k in optimizer.state_dict()]
+    bad = [n for n in names if np.issubdtype(arrays[n].dtype, np.floating) and not np.isfinite(arrays[n]).all()]
+    return bad + (["loss"] if loss is not None and not math.isfinite(loss) else [])
+
+
 def save_checkpoint(path, model, optimizer, settings, cfg, state):
-    """Write an .npz atomically: temporary file in the same folder, fsync, os.replace. A kill
-    at any moment leaves either the previous checkpoint or the new one, never half of one."""
+    """Write an .npz atomically: temporary file in the same folder, fsync, os.replace, fsync of
+    the folder. A kill at any moment leaves either the previous checkpoint or the new one,
+    never half of one. NotFiniteError, and nothing written, for a non-finite state."""
     arrays = {f"model/{k}": v for k, v in model.state_dict().items()}
     arrays.update({f"optim/{k}": v for k, v in optimizer.state_dict().items()})
+    bad = non_finite(model, optimizer, arrays, state.get("train_loss"))
+    if bad:
+        raise NotFiniteError(f"non-finite {', '.join(bad[:3])}{' and more' if len(bad) > 3 else ''} "
+                             f"at iter {state.get('iter')}; {path} not written")
     for name, obj in zip(JSON_PARTS, (settings, cfg.to_dict(), state)):
         arrays[name] = np.array(json.dumps(obj))                 # a 0-d unicode array, not a pickle
     tmp = f"{path}.{os.getpid()}.tmp"                           # same folder: os.replace is atomic
@@ -56,11 +77,28 @@ def save_checkpoint(path, model, optimizer, settings, cfg, state):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    _sync_folder(os.path.dirname(path) or ".")
+
+
+def _sync_folder(folder):
+    """fsync a folder, so that the rename survives a power cut (POSIX; skipped elsewhere)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def load_checkpoint(path):
     """-> dict(model=, optim=, settings=, config=, state=); CheckpointError when the file is
     missing, is not a readable .npz, or lacks an entry that restore() needs."""
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file")
     if not os.path.isfile(path):
         raise CheckpointError(f"--init_from=resume: no checkpoint at {path}")
     try:
@@ -91,17 +129,47 @@ def check_same_model(settings, saved, keys):
         raise CheckpointError("the model cannot change on resume: " + ", ".join(changed))
 
 
-def training_state(iteration, best_val_loss, rng):
+def data_identity(meta, spec):
+    """What a checkpoint records of its corpus (a data.Dataset's meta and the --data spec):
+    the sha256 of its tokens names the text, whatever its path or modification time."""
+    return dict(spec=spec, name=meta.get("name"), tokens=meta.get("bytes"), sha256=meta.get("sha256"),
+                tokenizer=TOKENIZER, vocab_size=meta.get("vocab_size"))
+
+
+def check_same_data(path, saved, current, allow=False):
+    """-> whether the checkpoint at `path` was trained on another corpus or tokenizer than
+    `current` (both data_identity dicts; saved None, an older checkpoint: False, unchecked);
+    CheckpointError when it was and `allow` is false."""
+    if not saved or all(saved.get(k) == current.get(k) for k in ("sha256", "tokenizer")):
+        return False
+    if allow:
+        return True
+    def what(d):
+        return (f"{d.get('name')!r} ({d.get('tokens') or 0:,} tokens, sha256 {str(d.get('sha256'))[:12]}, "
+                f"{d.get('tokenizer')} tokens)")
+    raise CheckpointError(f"{path} was trained on {what(saved)}, --data={current['spec']} is {what(current)}: "
+                          "resuming on another corpus is refused; pass --new_data=True to continue on it "
+                          "(its best validation loss then starts afresh)")
+
+
+def training_state(iteration, best_val_loss, rng, data=None, train_loss=None):
     """The `state` entry after `iteration` steps; best_val_loss inf (no evaluation yet) -> None."""
     return dict(iter=iteration, best_val_loss=best_val_loss if best_val_loss < math.inf else None,
-                rng=rng.bit_generator.state, data_position=None)  # random windows: no position
+                rng=rng.bit_generator.state, data_position=None,  # random windows: no position
+                train_loss=train_loss, data=data)
 
 
-def restore(ckpt, optimizer, rng):
-    """Load the optimiser state and the batch generator's state in place (the model's arrays
-    are loaded by the caller, model.load_state_dict(ckpt["model"])); -> (iteration, best val
-    loss, inf when none was recorded)."""
-    optimizer.load_state_dict(ckpt["optim"])
-    rng.bit_generator.state = ckpt["state"]["rng"]
-    best = ckpt["state"]["best_val_loss"]
-    return ckpt["state"]["iter"], (math.inf if best is None else best)
+def restore(ckpt, optimizer, rng, model=None, path="the checkpoint"):
+    """Load the model's arrays (when given), the optimiser state and the batch generator's
+    state in place; -> (iteration, best val loss, inf when none was recorded). A mismatch is
+    a CheckpointError naming `path`."""
+    try:
+        if model is not None:
+            model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optim"])
+        rng.bit_generator.state = ckpt["state"]["rng"]
+        best = ckpt["state"]["best_val_loss"]
+        return int(ckpt["state"]["iter"]), (math.inf if best is None else float(best))
+    except (ValueError, TypeError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {path} does not fit this run ({' '.join(str(e).split())}); "
+                              "delete it or use --init_from=scratch") from None

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from nanospa import GPT, AdamW, GPTConfig, checkpoint
-from nanospa.checkpoint import (CheckpointError, check_same_model, load_checkpoint, restore,
-                                save_checkpoint, training_state)
+from nanospa.checkpoint import (CheckpointError, NotFiniteError, check_same_data, check_same_model, data_identity,
+                                load_checkpoint, restore, save_checkpoint, training_state)
 
 SETTINGS = dict(n_layer=2, learning_rate=1e-3, data="default")
 
@@ -141,3 +141,63 @@ def test_the_model_cannot_change_on_resume():
     with pytest.raises(CheckpointError, match=r"^the model cannot change on resume: n_layer=3 \(checkpoint: 2\), "
                                               r"n_embd=32 \(checkpoint: 16\)$"):
         check_same_model(dict(n_layer=3, n_embd=32), saved_settings, ["n_layer", "n_embd"])
+
+
+# ----------------------------------------------------------------------------- finite states only
+
+@pytest.mark.parametrize("spoil", ["parameter", "optimiser moment", "loss"])
+def test_a_non_finite_state_is_never_written(spoil, tmp_path):
+    path, cfg, model, optimizer, rng = saved(tmp_path)
+    before = path.read_bytes()
+    loss = None
+    if spoil == "parameter":
+        model.parameters()[1].data[0] = np.inf
+    elif spoil == "optimiser moment":
+        optimizer.v[0][...] = np.nan
+    else:
+        loss = float("nan")
+    with pytest.raises(NotFiniteError) as e:
+        save_checkpoint(str(path), model, optimizer, SETTINGS, cfg, training_state(8, 2.0, rng, train_loss=loss))
+    msg = str(e.value)
+    assert msg.startswith("non-finite ") and f"at iter 8; {path} not written" in msg
+    assert {"parameter": "model/", "optimiser moment": "optim/v.0", "loss": "loss"}[spoil] in msg
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["ckpt.npz"]
+
+
+def test_the_corpus_and_tokenizer_are_recorded_and_checked(tmp_path):
+    meta = dict(name="tiny.txt", bytes=1000, sha256="ab" * 32, vocab_size=256)
+    ident = data_identity(meta, "tiny.txt")
+    assert ident == dict(spec="tiny.txt", name="tiny.txt", tokens=1000, sha256="ab" * 32, tokenizer="byte",
+                         vocab_size=256)
+    path, cfg, model, optimizer, rng = saved(tmp_path)
+    save_checkpoint(str(path), model, optimizer, SETTINGS, cfg, training_state(3, 2.0, rng, ident, 1.5))
+    stored = load_checkpoint(str(path))["state"]
+    assert stored["data"] == ident and stored["train_loss"] == 1.5
+    moved = dict(ident, spec="/elsewhere/tiny.txt")                 # same text, another path: the same corpus
+    assert check_same_data(path, stored["data"], moved) is False
+    other = dict(ident, sha256="cd" * 32, name="other.txt", spec="other.txt")
+    with pytest.raises(CheckpointError) as e:
+        check_same_data(path, stored["data"], other)
+    assert str(e.value).startswith(f"{path} was trained on 'tiny.txt' (1,000 tokens, sha256 abababababab, byte tokens), "
+                                   "--data=other.txt is 'other.txt'")
+    assert "--new_data=True" in str(e.value)
+    assert check_same_data(path, stored["data"], other, allow=True) is True
+    assert check_same_data(path, None, other) is False              # an older checkpoint: unchecked
+    with pytest.raises(CheckpointError, match="resuming on another corpus"):
+        check_same_data(path, ident, dict(ident, tokenizer="bpe:512"))
+
+
+def test_a_checkpoint_that_does_not_fit_names_the_file(tmp_path):
+    path, cfg, model, optimizer, rng = saved(tmp_path)
+    ckpt = load_checkpoint(str(path))
+    del ckpt["model"][next(iter(ckpt["model"]))]
+    with pytest.raises(CheckpointError, match=f"^checkpoint {path} does not fit this run \\(state dict mismatch"):
+        restore(ckpt, optimizer, rng, model, path)
+    ckpt = load_checkpoint(str(path))
+    ckpt["state"]["rng"] = {"bit_generator": "nonsense"}
+    with pytest.raises(CheckpointError, match=f"^checkpoint {path} does not fit this run"):
+        restore(ckpt, optimizer, rng, model, path)
+    folder = tmp_path / "folder.npz"
+    folder.mkdir()
+    with pytest.raises(CheckpointError, match="is a folder, not a checkpoint file"):
+        load_checkpoint(str(folder))
