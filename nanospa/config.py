@@ -21,6 +21,7 @@ RESIDUALS = ("none", "standard", "normalised")
 NORMS = ("none", "layernorm", "rmsnorm", "dyt")
 NORM_POSITIONS = ("pre", "post")
 DTYPES = ("float32", "float64")
+MIN_SPA_BLOCK = 2     # U-SPA / E-SPA: a kernel over one position has no correlation to schedule
 ATTENTION_IMPLS = ("auto", "dense", "blockwise")
 
 
@@ -65,6 +66,10 @@ class GPTConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+        if self.attention in ("uspa", "espa") and self.block_size < MIN_SPA_BLOCK:
+            raise ValueError(f"GPTConfig.block_size={self.block_size} is too small for attention={self.attention!r}: "
+                             f"SPA shapes the correlations between positions, so it needs block_size >= "
+                             f"{MIN_SPA_BLOCK}")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig.n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         choice("attention", ATTENTIONS)

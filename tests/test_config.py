@@ -32,10 +32,22 @@ from nanospa.signal import BUDGETS, POSITIONS
     ("zeta", 0.5, "zeta must be > 1"),
     ("tau", 0.0, "tau must be > 0"),
     ("shaping_depth", -1, "shaping_depth must be >= 0"),
+    ("block_size", 1, "block_size=1 is too small for attention='espa': SPA shapes the correlations"),
 ])
 def test_invalid_config_fields(field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
         GPTConfig(**{field: value})
+
+
+def test_block_size_one_names_block_size_not_the_schedule():
+    """T = 1 has no correlation between positions for U-SPA / E-SPA to shape; the error names
+    the setting the user wrote (it used to blame gamma_final or rho_final, never set)."""
+    for attention in ("espa", "uspa"):
+        with pytest.raises(ValueError, match=f"^GPTConfig.block_size=1 is too small for attention='{attention}'"):
+            GPTConfig(block_size=1, attention=attention)
+    for attention in ("softmax", "value_skipinit"):
+        GPTConfig(block_size=1, attention=attention)            # no SPA schedule: fine
+    GPTConfig(block_size=2, attention="espa")
 
 
 def test_error_lists_the_allowed_values():
