@@ -12,13 +12,25 @@ Files in out_dir:
              statistics of docs/method.md §13 on a fixed batch: cos[l] (mean off-diagonal
              cosine of the hidden states, l = 0..L) and q[l] (mean q-value). iter 0 is the
              model at init (train_loss there is the eval estimate; no step was taken).
-  ckpt.npz   the latest checkpoint (model and AdamW state, settings, GPTConfig, iteration,
-             RNG state, best val loss), written atomically: see nanospa/checkpoint.py.
-Exit status: 0 done, 1 training diverged, 2 bad settings or data, 130 interrupted (Ctrl-C
-saves a checkpoint first; a second Ctrl-C stops at once).
+  ckpt.npz   the latest checkpoint, written atomically and only from a finite state
+             (nanospa/checkpoint.py); run.lock while a run lasts (nanospa/rundir.py).
+A scratch run refuses an out_dir holding ckpt.npz or log.jsonl unless --overwrite=True, and
+writes ckpt.npz at iter 0 before its first step, so every run that started can be resumed.
 
-Not here: the --key=value parser (nanospa/settings.py), the checkpoint file's format and its
-checks (nanospa/checkpoint.py), the experiments' compact training runs (nanospa/experiments).
+Resume (--init_from=resume): the checkpoint's settings, changed by the command line's (not
+the model's), and the run's schedule (lr_decay_iters=0 is stored as the first max_iters), so
+a larger max_iters trains the extra steps at min_lr; max_iters at the checkpoint's iteration
+has nothing to do, below it is refused; another corpus needs --new_data=True; the log is
+cut back to the checkpoint's iteration (a partial last record too), then appended to.
+
+Exit status: 0 done, 1 diverged (the last good checkpoint kept and named), 2 bad settings,
+data or environment (unwritable path, full disk, out of memory: one error: line, the last
+checkpoint intact), 130 / 143 after SIGINT / SIGTERM, which save the current state first (a
+second signal stops at once). NANOSPA_DEBUG=1: a failure's traceback instead of its line.
+
+Not here: the --key=value parser and the exit-status convention (nanospa/settings.py), the
+checkpoint file's format and its checks (nanospa/checkpoint.py), the lock and the log
+(nanospa/rundir.py), the experiments' compact training runs (nanospa/experiments).
 """
 import os
 
@@ -29,26 +41,27 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import json
 import math
 import signal
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import fields
 
 import numpy as np
 from tqdm import tqdm
 
-from data import VOCAB_SIZE, DataError, check_length, decode, encode, get_batch, load_dataset, unigram_entropy
+from data import VOCAB_SIZE, check_length, decode, encode, get_batch, load_dataset, unigram_entropy
 from nanospa import backend
-from nanospa.backend import DeviceError
-from nanospa.checkpoint import (CheckpointError, check_same_model, load_checkpoint, restore, save_checkpoint,
-                                training_state)
+from nanospa.checkpoint import (NotFiniteError, check_same_data, check_same_model, data_identity, load_checkpoint,
+                                restore, save_checkpoint, training_state)
 from nanospa.config import GPTConfig
 from nanospa.measure import measured_kernels
 from nanospa.model import GPT
 from nanospa.optim import AdamW, clip_grad_norm, cosine_lr
-from nanospa.settings import SettingsError, fail, help_text, parse_settings, source_notes, wants_help
+from nanospa.rundir import Interrupts, RunFiles, RunLock, check_run_dir, heal_log, held_files
+from nanospa.settings import (EXIT_SIGNAL_BASE, SettingsError, help_text, parse_settings, run_command,
+                              source_notes, wants_help)
 from nanospa.signal import mean_offdiag, normalised_kernel, q_values
 from nanospa.signal.table import predicted_kernels  # averaged over the probe's own sequences
 from nanospa.tensor import no_grad, sharded_backward
@@ -64,7 +77,9 @@ TRAIN_DEFAULTS = dict(
     threads=0,                 # CPU worker threads, each training a slice of the batch; 0 = one per core, at most 4
     seed=0,                    # seeds the weights, the training batches and the sample
     init_from="scratch",       # scratch | resume (continue from out_dir/ckpt.npz)
-    eval_only=False,           # evaluate once (at init or at the checkpoint) and exit
+    overwrite=False,           # scratch: replace the run (ckpt.npz, log.jsonl) an out_dir already holds
+    new_data=False,            # resume: allow a corpus other than the checkpoint's (best val loss starts afresh)
+    eval_only=False,           # evaluate once (at init or at the checkpoint) and exit; writes nothing
     preset="",                 # named bundle of settings applied before the other overrides: gpu
     max_iters=2500,            # optimiser steps
     eval_interval=250,         # evaluate train/val loss and signal statistics every N steps
@@ -78,7 +93,7 @@ TRAIN_DEFAULTS = dict(
     n_embd=64,                 # width (C)
     learning_rate=2e-3,        # peak AdamW learning rate
     warmup_iters=100,          # linear warm-up steps
-    lr_decay_iters=0,          # cosine decay reaches min_lr here; 0 = max_iters
+    lr_decay_iters=0,          # cosine decay reaches min_lr here, then min_lr; 0 = max_iters of the run's start
     min_lr=2e-4,               # final learning rate
     weight_decay=0.0,          # AdamW decoupled weight decay (never on no_decay parameters)
     beta1=0.9,                 # AdamW beta1
@@ -98,6 +113,7 @@ PRESETS = {  # --preset=NAME: applied first, so explicit --key=value settings wi
                 warmup_iters=200, learning_rate=4e-5, min_lr=4e-6),
 }
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]  # vocab_size: from the data
+PER_RUN = ("out_dir", "init_from", "overwrite", "new_data", "eval_only", "preset")  # never from a checkpoint
 DEFAULTS = {**TRAIN_DEFAULTS, **{f.name: f.default for f in fields(GPTConfig)
                                  if f.name in MODEL_KEYS and f.name not in TRAIN_DEFAULTS}}
 EVAL_SEED = 1234       # the fixed evaluation batches do not depend on --seed, so runs compare
@@ -105,11 +121,10 @@ PROBE_ROWS = 4         # sequences of the fixed batch on which the signal statis
 MAX_AUTO_THREADS = 4   # --threads=0: one per core, at most this many (see cpu_threads)
 STAT_DECIMALS = 6      # log.jsonl keeps cos[l] and q[l] to this many decimals
 SHOWN_LAYERS = 12      # the printed statistics show about this many layers (log.jsonl has all)
-EXIT_DIVERGED, EXIT_INTERRUPTED = 1, 130   # and settings.EXIT_BAD_INPUT = 2
 
 
 class Diverged(RuntimeError):
-    """A non-finite loss or gradient norm."""
+    """A non-finite loss, gradient norm, parameter or optimiser state (exit status 1)."""
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -126,7 +141,8 @@ def parse_args(argv, defaults):
 CHECKS = [  # settings GPTConfig does not check itself: (keys, test, what a good value is)
     (("batch_size", "block_size", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval"),
      lambda v: v > 0, "a positive integer"),
-    (("threads", "max_iters", "warmup_iters", "lr_decay_iters", "sample_tokens", "top_k"), lambda v: v >= 0, ">= 0"),
+    (("threads", "seed", "max_iters", "warmup_iters", "lr_decay_iters", "sample_tokens", "top_k"),
+     lambda v: v >= 0, ">= 0"),
     (("learning_rate", "min_lr", "weight_decay", "grad_clip"), lambda v: 0 <= v < math.inf, "finite and >= 0"),
     (("beta1", "beta2"), lambda v: 0 <= v < 1, "in [0, 1)"),
     (("temperature",), lambda v: 0 < v < math.inf, "finite and > 0"),
@@ -136,11 +152,17 @@ CHECKS = [  # settings GPTConfig does not check itself: (keys, test, what a good
 ]
 
 
-def check_settings(s):
+def check_settings(s, explicit=(), unset="the default"):
+    """SettingsError naming the first bad setting, as the user wrote it (`explicit`: the keys
+    set on the command line; the others are named as coming from `unset`)."""
     for keys, ok, what in CHECKS:
         for key in keys:
             if not ok(s[key]):
                 raise SettingsError(f"{key} must be {what}, got {s[key]!r}")
+    if s["min_lr"] > s["learning_rate"]:
+        given = lambda k: f"{k}={s[k]!r}" + ("" if k in explicit else f" ({unset})")
+        raise SettingsError(f"{given('min_lr')} is above {given('learning_rate')}: the learning rate would "
+                            "rise during the decay; set --min_lr to at most --learning_rate")
 
 
 def usage():
@@ -154,20 +176,51 @@ def usage():
 # ----------------------------------------------------------------------------- training
 
 def train(argv):
-    """The whole run; returns the exit status (raises for bad input, see main)."""
-    # -- overrides (on resume: the checkpoint's settings, then the command line's)
+    """The whole run; returns the exit status (raises for bad input, see main). One run per
+    out_dir (RunLock: RunDirError naming the owner), SIGINT and SIGTERM handled from the start."""
     s = parse_args(argv, DEFAULTS)
+    check_run_dir(s["out_dir"])                      # a file or a folder where one is expected: refused now
+    with Interrupts() as stop, nullcontext() if s["eval_only"] else RunLock(s["out_dir"]) as lock:
+        for note in lock.notes if lock else []:       # eval_only reads and writes nothing: no lock
+            print(note, file=sys.stderr)
+        return run(argv, s, stop)
+
+
+def run(argv, s, stop):
+    # -- overrides (on resume: the checkpoint's settings, then the command line's)
     out_dir = s["out_dir"]
-    ckpt_path, log_path = os.path.join(out_dir, "ckpt.npz"), os.path.join(out_dir, "log.jsonl")
-    ckpt = None
+    files = RunFiles(out_dir)                         # ckpt.npz and log.jsonl
+    ckpt_path, log_path = files.ckpt, files.log_path
+    explicit = {a[2:].partition("=")[0] for a in argv}
+    ckpt, start = None, 0
     if s["init_from"] == "resume":
         ckpt = load_checkpoint(ckpt_path)
-        saved = {k: v for k, v in ckpt["settings"].items() if k in DEFAULTS}
-        s = parse_args(argv, {**DEFAULTS, **saved, "out_dir": out_dir, "preset": ""})
+        saved = {k: v for k, v in ckpt["settings"].items() if k in DEFAULTS and k not in PER_RUN}
+        s = parse_args(argv, {**DEFAULTS, **saved, "out_dir": out_dir})
         check_same_model(s, saved, MODEL_KEYS)
-    check_settings(s)
+        start = int(ckpt["state"]["iter"])
+    check_settings(s, explicit, "from the checkpoint" if ckpt else "the default")
     cfg = GPTConfig(vocab_size=VOCAB_SIZE, **{k: s[k] for k in MODEL_KEYS})  # ValueError names a bad field
     B, T = s["batch_size"], s["block_size"]
+    if not s["eval_only"]:
+        held = held_files(out_dir)
+        if not ckpt and held and not s["overwrite"]:
+            raise SettingsError(f"--out_dir={out_dir} holds a run ({', '.join(held)}): continue it with "
+                                f"--init_from=resume, choose another --out_dir, or replace it with --overwrite=True")
+        if ckpt and s["max_iters"] < start:
+            raise SettingsError(f"max_iters={s['max_iters']} is below the iteration of {ckpt_path} ({start}): a "
+                                "resumed run cannot go back; pass a larger --max_iters, or --eval_only=True")
+        if ckpt and s["max_iters"] == start:
+            print(f"nothing to do: {ckpt_path} is at iter {start} = max_iters; pass --max_iters=N with N > "
+                  f"{start} to train further")
+            return 0
+    # The schedule is the run's: lr_decay_iters=0 becomes this run's max_iters, stored so in the
+    # checkpoint, so that a resumed run with a larger max_iters does not re-stretch the cosine.
+    s["lr_decay_iters"] = s["lr_decay_iters"] or s["max_iters"]
+    if ckpt and s["lr_decay_iters"] < s["max_iters"] and "lr_decay_iters" not in explicit and not s["eval_only"]:
+        print(f"note: the schedule is the run's: its cosine decay ends at iter {s['lr_decay_iters']} (lr_decay_iters), "
+              f"so iters {max(start, s['lr_decay_iters'])}..{s['max_iters']} train at min_lr={s['min_lr']:g}; "
+              f"--lr_decay_iters={s['max_iters']} stretches it instead")
 
     # -- backend and seed
     backend.use(s["device"])                          # DeviceError without CuPy or a GPU
@@ -179,6 +232,8 @@ def train(argv):
     check_length(ds, T)                               # DataError when a split is shorter than T + 1
     print(f"data: {ds.name}: {len(ds.train):,} train / {len(ds.val):,} val tokens, unigram entropy "
           f"{unigram_entropy(ds.train, ds.vocab_size):.3f} nats/token (a context-free predictor)")
+    data_id = data_identity(ds.meta, s["data"])      # recorded in each checkpoint
+    new_corpus = bool(ckpt) and check_same_data(ckpt_path, ckpt["state"].get("data"), data_id, s["new_data"])
     eval_rng = np.random.default_rng(EVAL_SEED)
     eval_sets = {split: [get_batch(tokens, B, T, eval_rng) for _ in range(s["eval_iters"])]
                  for split, tokens in (("train", ds.train), ("val", ds.val))}
@@ -188,7 +243,7 @@ def train(argv):
     model = GPT(cfg, seed=s["seed"])                  # ValueError: e.g. an unreachable activation target
     # A checkpoint's arrays are C-ordered; some fresh weights are not (orthogonal init). Loading
     # either way gives both runs the same memory layout, so BLAS repeats the same roundings.
-    model.load_state_dict(ckpt["model"] if ckpt else model.state_dict())
+    model.load_state_dict(model.state_dict())
     print(f"model: {model.num_params():,} parameters; L={cfg.n_layer} H={cfg.n_head} C={cfg.n_embd} T={T}; "
           f"attention={cfg.attention} activation={cfg.activation} residual={cfg.residual} "
           f"norm={cfg.norm} pos={cfg.pos} {cfg.dtype} on {s['device']}"
@@ -199,17 +254,19 @@ def train(argv):
     # -- optimiser
     optimizer = AdamW(model.parameters(), lr=s["learning_rate"], betas=(s["beta1"], s["beta2"]),
                       weight_decay=s["weight_decay"])  # parameters marked no_decay are never decayed
-    start, best_val, saved_iter = 0, math.inf, None
-    if ckpt:                                          # exact resume: AdamW state, batch RNG, iter
-        start, best_val = restore(ckpt, optimizer, rng)
-        saved_iter = start
+    best_val = math.inf
+    if ckpt:                                          # exact resume: weights, AdamW state, batch RNG, iter
+        start, best_val = restore(ckpt, optimizer, rng, model, ckpt_path)
+        files.saved_iter = start
+        if new_corpus:
+            best_val = math.inf
+            print(f"note: --new_data=True: training on {ds.name}, not the checkpoint's corpus; the best "
+                  "validation loss starts afresh")
         print(f"resumed from {ckpt_path} at iter {start}")
 
-    # -- get_lr: linear warm-up, then cosine decay to min_lr
-    decay_iters = s["lr_decay_iters"] or s["max_iters"]
-
+    # -- get_lr: linear warm-up, then cosine decay to min_lr at lr_decay_iters, then min_lr
     def get_lr(it):
-        return cosine_lr(it, s["learning_rate"], s["warmup_iters"], decay_iters, s["min_lr"])
+        return cosine_lr(it, s["learning_rate"], s["warmup_iters"], s["lr_decay_iters"], s["min_lr"])
 
     # -- estimate_loss on the fixed batches, plus the per-layer signal statistics (method §13)
     def estimate_loss():
@@ -219,33 +276,46 @@ def train(argv):
         kernels = measured_kernels(model, probe)["hidden"]  # L+1 batch-mean kernels (T, T)
         return dict(val_loss=loss["val"], eval_train_loss=loss["train"], **layer_stats(kernels))
 
-    if not ckpt or s["eval_only"]:
+    # On resume the log is cut back to the checkpoint (a partial last record, records after it).
+    kept, notes = 0, []
+    if not s["eval_only"]:
+        stop.arm()                                    # from here on a signal saves the state first
+        kept, notes = heal_log(log_path, start) if ckpt else (0, [])
+    for note in notes:
+        print(note, file=sys.stderr)
+    ev = None
+    if s["eval_only"] or (start == 0 and kept == 0):
         ev, label = estimate_loss(), f"iter {start}" if ckpt else "init"
         print(f"{label}: train {ev['eval_train_loss']:.4f}, val {ev['val_loss']:.4f}\n{label}: measured  {show(ev)}")
-        if not ckpt:
+        if start == 0:
             predicted = layer_stats(predicted_kernels(cfg, model.plan, backend.to_numpy(probe)))
             print(f"{label}: predicted {show(predicted)} (wide limit, same tokens)")
             ev.update(pred_cos=predicted["cos"], pred_q=predicted["q"])
     if s["eval_only"]:
         return 0
-    os.makedirs(out_dir, exist_ok=True)
-    log = open_log(log_path, start)
-    if not ckpt:                                      # iter 0: the model at init
-        write(log, dict(iter=0, train_loss=ev["eval_train_loss"], lr=0.0, tokens_per_s=0.0, **ev))
-    print(f"log: {log_path}  checkpoint: {ckpt_path}")
+
+    # -- files: the checkpoint of iter 0, then the log, appended to (see nanospa/rundir.py)
+    def save(n, loss):
+        """The checkpoint of the state after n steps; only a finite one is written."""
+        try:
+            files.save(n, lambda path: save_checkpoint(path, model, optimizer, s, cfg,
+                                                       training_state(n, best_val, rng, data_id, loss)))
+        except NotFiniteError as e:
+            raise Diverged(f"{e}; stopped. Last good checkpoint: {files.last_good()}") from None
+
+    if not ckpt:
+        for name in held_files(out_dir):             # --overwrite=True: the old run goes now, not before
+            os.remove(os.path.join(out_dir, name))
+        save(0, None)
+    files.open()
+    if ev is not None and start == 0:                 # iter 0: the model at init
+        files.write(dict(iter=0, train_loss=ev["eval_train_loss"], lr=0.0, tokens_per_s=0.0, **ev), sync=True)
+    print(f"log: {files.log_path}  checkpoint: {files.ckpt} (iter {start})")
 
     # -- the loop: forward, backward, clip, step, zero_grad; log, evaluate, checkpoint
-    stop = []                                         # Ctrl-C: finish the step, save, exit
-
-    def on_sigint(signum, frame):
-        if stop:
-            raise KeyboardInterrupt                   # a second Ctrl-C stops at once
-        stop.append(signum)
-        tqdm.write("Ctrl-C: saving a checkpoint after this step (Ctrl-C again to stop at once)")
-
-    previous_handler = signal.signal(signal.SIGINT, on_sigint)
-    params, tokens, t0, record = model.parameters(), 0, time.perf_counter(), None
-    bar = tqdm(range(start, s["max_iters"]), initial=start, total=s["max_iters"], dynamic_ncols=True)
+    params, tokens, t0, n, record = model.parameters(), 0, time.perf_counter(), start, {}
+    bar = tqdm(range(start, s["max_iters"] if stop.signum is None else start), initial=start,
+               total=s["max_iters"], dynamic_ncols=True)
     try:
         for it in bar:
             lr = optimizer.lr = get_lr(it)
@@ -256,9 +326,8 @@ def train(argv):
             norm = clip_grad_norm(params, s["grad_clip"])
             value = loss.item()                       # a device sync, like the norm above
             if not (math.isfinite(value) and math.isfinite(norm)):
-                last_good = f"{ckpt_path} (iter {saved_iter})" if saved_iter is not None else "none written"
                 raise Diverged(f"non-finite loss or gradient at iter {it + 1} (loss {value}, gradient "
-                               f"norm {norm}); stopped. Last good checkpoint: {last_good}")
+                               f"norm {norm}); stopped. Last good checkpoint: {files.last_good()}")
             optimizer.step()
             optimizer.zero_grad()
             n, tokens = it + 1, tokens + B * T
@@ -269,27 +338,29 @@ def train(argv):
                 record = dict(iter=n, train_loss=value, lr=lr, tokens_per_s=tokens_per_s)
                 if evaluating:
                     record.update(estimate_loss())
+                    if not math.isfinite(record["val_loss"]):
+                        raise Diverged(f"non-finite validation loss at iter {n}; stopped. Last good "
+                                       f"checkpoint: {files.last_good()}")
                     best_val = min(best_val, record["val_loss"])
                     tqdm.write(f"iter {n}: train {record['eval_train_loss']:.4f}, val {record['val_loss']:.4f} | {show(record)}")
-                write(log, record)
+                files.write(record)
                 tokens, t0 = 0, time.perf_counter()   # evaluation time is not training time
 
-            # -- checkpoint
-            if n % s["checkpoint_interval"] == 0 or n == s["max_iters"] or stop:
-                save_checkpoint(ckpt_path, model, optimizer, s, cfg, training_state(n, best_val, rng))
-                saved_iter = n
-            if stop:
-                bar.close()
-                print(f"interrupted at iter {n}: checkpoint saved to {ckpt_path}; continue with "
-                      f"python train.py --init_from=resume --out_dir={out_dir}", file=sys.stderr)
-                return EXIT_INTERRUPTED
+            # -- checkpoint: the state after the update, checked finite, once the log it covers is on disk
+            if n % s["checkpoint_interval"] == 0 or n == s["max_iters"] or stop.signum is not None:
+                save(n, value)
+            if stop.signum is not None:
+                break
     finally:
         bar.close()
-        log.close()
-        signal.signal(signal.SIGINT, previous_handler)
-    if record and "val_loss" in record:
-        print(f"done: iter {record['iter']}, train {record['eval_train_loss']:.4f}, val {record['val_loss']:.4f} "
-              f"(best {best_val:.4f}); checkpoint {ckpt_path}, log {log_path}")
+        files.close()
+    if stop.signum is not None:
+        print(f"{signal.Signals(stop.signum).name}: stopped at iter {n}, checkpoint saved to {ckpt_path}; "
+              f"continue with {files.resume}", file=sys.stderr)
+        return EXIT_SIGNAL_BASE + stop.signum
+    print(f"done: iter {n}" + (f", train {record['eval_train_loss']:.4f}, val {record['val_loss']:.4f} (best "
+                               f"{best_val:.4f})" if n > start and "val_loss" in record else "")
+          + f"; checkpoint {files.last_good()}, log {log_path}")
 
     # -- sample
     if s["sample_tokens"]:
@@ -326,42 +397,16 @@ def show(stats):
             f" | q[0::{step}] " + " ".join(f"{v:.2g}" for v in stats["q"][::step]))
 
 
-def open_log(path, start):
-    """log.jsonl for appending; a new run starts it afresh, a resumed one keeps iter <= start."""
-    kept = []
-    if start and os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            kept = [line for line in f if line.strip() and json.loads(line)["iter"] <= start]
-    log = open(path, "w", encoding="utf-8")
-    log.writelines(kept)
-    return log
-
-
-def write(log, record):
-    """One JSON line; nan and inf become null (JSON has no such numbers)."""
-    def finite(v):
-        return None if isinstance(v, float) and not math.isfinite(v) else v
-    log.write(json.dumps({k: [finite(u) for u in v] if isinstance(v, list) else finite(v)
-                          for k, v in record.items()}) + "\n")
-    log.flush()
-
-
 def main(argv=None):
+    """-> the exit status: 0 done, 1 diverged, 2 bad input or environment (one error: line),
+    128 + N after signal N (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if wants_help(argv):
         print(usage())
         return 0
     threads = backend.threads()                       # train() sets its own; restored for callers
     try:
-        return train(argv)
-    except Diverged as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_DIVERGED
-    except (SettingsError, CheckpointError, DataError, DeviceError, ValueError) as e:
-        return fail(e)                                # one line on stderr, exit status 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return run_command(train, argv, diverged=Diverged)   # Diverged: status 1, not bad input
     finally:
         backend.set_threads(threads)
 

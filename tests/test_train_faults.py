@@ -1,0 +1,531 @@
+"""train.py under faults: one run per out_dir, scratch runs that would replace a run,
+SIGTERM, a second signal, divergence after the update, full disks (simulated ENOSPC, and a
+real tiny tmpfs where this machine lets a test mount one), out of memory, bad output paths,
+resume semantics, another corpus, and the fault injection: 20 SIGKILL / SIGTERM moments
+during checkpoint and log writes, after each of which the run resumes to the uninterrupted
+run's log, record for record.
+
+The fault-injection runs fork this process (POSIX only): the child trains with one write
+wrapped to signal itself at one moment, the parent then checks what the child left on disk
+and resumes in-process. Forking keeps the imports, so twenty runs take seconds.
+"""
+import errno
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import train
+from nanospa import checkpoint, rundir
+from nanospa.checkpoint import load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = "the model attention layer kernel signal deep network token sequence learns".split()
+TINY = ["--n_layer=2", "--n_embd=16", "--n_head=2", "--block_size=16", "--batch_size=4", "--eval_iters=1",
+        "--sample_tokens=0", "--warmup_iters=2", "--threads=1", "--log_interval=1", "--eval_interval=3",
+        "--checkpoint_interval=2"]
+MAX = 8   # records: iters 0..8; checkpoints: iters 0, 2, 4, 6, 8; the cosine ends at max_iters
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANOSPA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("NANOSPA_DEBUG", raising=False)
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "tiny.txt"
+    path.write_text(" ".join(rng.choice(WORDS, size=1500)) + "\n", encoding="utf-8")
+    return path
+
+
+def args(text_file, out, *extra):
+    return TINY + [f"--data={text_file}", f"--out_dir={out}", f"--max_iters={MAX}", *extra]
+
+
+def read_log(out):
+    return [json.loads(line) for line in (Path(out) / "log.jsonl").read_text().splitlines()]
+
+
+def key(log):
+    """What a resumed run must reproduce exactly (tokens_per_s is a measurement)."""
+    return [(r["iter"], r["train_loss"], r["lr"], r.get("val_loss")) for r in log]
+
+
+def error_line(capsys):
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def env(tmp_path):
+    return dict(os.environ, NANOSPA_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1",
+                OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+# ----------------------------------------------------------------------------- one run per out_dir
+
+def test_a_second_run_stops_at_once_and_sigterm_saves_the_current_state(tmp_path, text_file, capsys):
+    """Two real processes: the second run on the same out_dir is refused with the owner's
+    pid; SIGTERM stops the first after saving its current state (status 143); resume goes on."""
+    cmd = [sys.executable, str(ROOT / "train.py"), *args(text_file, "out"), "--max_iters=100000",
+           "--checkpoint_interval=100000", "--eval_interval=100000", "--lr_decay_iters=100000"]
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    log, deadline = tmp_path / "out" / "log.jsonl", time.time() + 30
+    while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 4):
+        time.sleep(0.05)
+    t0 = time.time()
+    assert train.main(args(text_file, tmp_path / "out", "--init_from=resume")) == 2
+    assert time.time() - t0 < 2                                   # at once: no data, no model
+    line = error_line(capsys)
+    assert f"is in use by pid {p.pid} on " in line and "one run per out_dir" in line
+    assert train.main(args(text_file, tmp_path / "out", "--overwrite=True")) == 2   # not even to overwrite it
+    capsys.readouterr()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 143, err[-2000:]
+    assert "SIGTERM: stopped at iter" in err and "checkpoint saved to" in err and "Traceback" not in err
+    k = load_checkpoint(str(tmp_path / "out" / "ckpt.npz"))["state"]["iter"]
+    assert k >= 3 and read_log(tmp_path / "out")[-1]["iter"] == k    # the state when the signal came
+    assert not (tmp_path / "out" / "run.lock").exists()
+    resumed = args(text_file, tmp_path / "out", "--init_from=resume", f"--max_iters={k + 2}")
+    assert train.main(resumed) == 0
+    assert [r["iter"] for r in read_log(tmp_path / "out")] == list(range(k + 3))
+
+
+def test_scratch_refuses_an_out_dir_holding_a_run_unless_told_to_replace_it(tmp_path, text_file, capsys):
+    out = tmp_path / "out"
+    assert train.main(args(text_file, out, "--max_iters=2")) == 0
+    before = (out / "ckpt.npz").read_bytes(), (out / "log.jsonl").read_bytes()
+    capsys.readouterr()
+    assert train.main(args(text_file, out, "--seed=1")) == 2
+    line = error_line(capsys)
+    assert line == (f"error: --out_dir={out} holds a run (ckpt.npz, log.jsonl): continue it with "
+                    "--init_from=resume, choose another --out_dir, or replace it with --overwrite=True")
+    assert ((out / "ckpt.npz").read_bytes(), (out / "log.jsonl").read_bytes()) == before   # untouched
+    (out / "ckpt.npz").unlink()
+    assert train.main(args(text_file, out)) == 2                 # a log alone is a run too
+    assert "holds a run (log.jsonl)" in error_line(capsys)
+    assert train.main(args(text_file, out, "--overwrite=True", "--max_iters=3")) == 0
+    assert [r["iter"] for r in read_log(out)] == [0, 1, 2, 3]    # a new log, not appended to the old
+    assert load_checkpoint(str(out / "ckpt.npz"))["state"]["iter"] == 3
+
+
+# ----------------------------------------------------------------------------- divergence
+
+def test_a_divergence_in_the_update_never_replaces_the_last_good_checkpoint(tmp_path, text_file, capsys,
+                                                                          monkeypatch):
+    """The 6th update makes a weight nan, after the 6th loss and gradient were found finite:
+    the checkpoint of iter 6 is not written, iter 3's stays, and the message names it."""
+    class Blowup(train.AdamW):
+        def step(self):
+            super().step()
+            if self.t == 6:
+                self.params[0].data[...] = np.nan
+
+    monkeypatch.setattr(train, "AdamW", Blowup)
+    out = tmp_path / "out"
+    assert train.main(args(text_file, out, "--checkpoint_interval=3", "--eval_interval=100")) == 1
+    line = error_line(capsys)
+    assert "non-finite model/" in line and "at iter 6" in line and f"{out / 'ckpt.npz'} (iter 3)" in line
+    assert load_checkpoint(str(out / "ckpt.npz"))["state"]["iter"] == 3
+    assert not list(out.glob("*.tmp"))
+
+
+def test_max_iters_zero_writes_what_it_announces(tmp_path, text_file, capsys):
+    out = tmp_path / "out"
+    assert train.main(args(text_file, out, "--max_iters=0")) == 0
+    printed = capsys.readouterr().out
+    assert f"checkpoint: {out / 'ckpt.npz'} (iter 0)" in printed and "done: iter 0" in printed
+    assert load_checkpoint(str(out / "ckpt.npz"))["state"]["iter"] == 0
+    assert [r["iter"] for r in read_log(out)] == [0]
+    assert train.main(args(text_file, out, "--init_from=resume", "--max_iters=2")) == 0   # resumable
+    assert [r["iter"] for r in read_log(out)] == [0, 1, 2]
+
+
+# ----------------------------------------------------------------------------- full disks, memory
+
+class FullDisk:
+    """A module's view of `os` in which one call (write or fsync) fails with ENOSPC from the
+    n-th log record on (write: after writing `room` bytes of it)."""
+
+    def __init__(self, call, n, room=0):
+        self.call, self.n, self.room, self.seen = call, n, room, 0
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def write(self, fd, data):
+        if self.call == "write" and bytes(data[:8]) == b'{"iter":':
+            self.seen += 1
+            if self.seen >= self.n:
+                os.write(fd, bytes(data[:self.room]))
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.write(fd, data)
+
+    def fsync(self, fd):
+        self.seen += self.call == "fsync"
+        if self.call == "fsync" and self.seen >= self.n:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.fsync(fd)
+
+
+@pytest.mark.parametrize("where", ["log", "checkpoint"])
+def test_a_full_disk_ends_the_run_with_one_line_and_the_run_resumes(where, tmp_path, text_file, capsys,
+                                                                     monkeypatch):
+    out = tmp_path / "out"
+    whole = tmp_path / "whole"
+    assert train.main(args(text_file, whole)) == 0
+    if where == "log":                    # record 6 half written, then ENOSPC: the last checkpoint is iter 4's
+        monkeypatch.setattr(rundir, "os", FullDisk("write", n=7, room=20))
+        last = 4
+    else:                                 # the checkpoint of iter 4 fails at its fsync (the 5th: file, folder
+        monkeypatch.setattr(checkpoint, "os", FullDisk("fsync", n=5))     # for iters 0 and 2): iter 2's stays
+        last = 2
+    capsys.readouterr()
+    assert train.main(args(text_file, out)) == 2
+    line = error_line(capsys)
+    path = out / ("log.jsonl" if where == "log" else "ckpt.npz")
+    assert line.startswith(f"error: cannot write {path} (No space left on device) at iter ")
+    assert f"the last checkpoint {out / 'ckpt.npz'} (iter {last}) is intact" in line
+    assert load_checkpoint(str(out / "ckpt.npz"))["state"]["iter"] == last
+    assert "--init_from=resume" in line and not list(out.glob("*.tmp"))
+    monkeypatch.undo()                    # room again
+    assert train.main(args(text_file, out, "--init_from=resume")) == 0
+    assert key(read_log(out)) == key(read_log(whole))
+
+
+def mount_tmpfs(folder, size):
+    folder.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                       capture_output=True, text=True)
+    return r.returncode == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0, reason="needs root on Linux")
+def test_a_real_full_disk_on_a_tiny_tmpfs(tmp_path, text_file, capsys):
+    """96 kB: the checkpoint of iter 0 (57 kB, AdamW has no moments yet) fits, then the log fills it."""
+    disk = tmp_path / "disk"
+    if not mount_tmpfs(disk, "96k"):
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        out = disk / "out"
+        long = args(text_file, out, "--max_iters=100000", "--checkpoint_interval=100000",
+                    "--eval_interval=100000", "--lr_decay_iters=100000")
+        assert train.main(long) == 2
+        line = error_line(capsys)
+        assert line.startswith(f"error: cannot write {out / 'log.jsonl'} (No space left on device) at iter ")
+        assert f"the last checkpoint {out / 'ckpt.npz'} (iter 0) is intact" in line
+        subprocess.run(["mount", "-o", "remount,size=8m", str(disk)], check=True)   # room again
+        assert train.main(long + ["--init_from=resume", "--max_iters=3"]) == 0
+        assert [r["iter"] for r in read_log(out)] == [0, 1, 2, 3]
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_out_of_memory_is_one_line_naming_the_sizes(tmp_path, text_file, capsys, monkeypatch):
+    def no_memory(*a, **k):
+        raise MemoryError("Unable to allocate 96.0 GiB for an array with shape (16, 4, 64, 64)")
+
+    monkeypatch.setattr(train, "sharded_backward", no_memory)
+    assert train.main(args(text_file, tmp_path / "out")) == 2
+    line = error_line(capsys)
+    assert line.startswith("error: out of memory (Unable to allocate 96.0 GiB") and "batch_size" in line
+    assert load_checkpoint(str(tmp_path / "out" / "ckpt.npz"))["state"]["iter"] == 0
+
+
+def test_debug_switch_shows_the_traceback(tmp_path):
+    """NANOSPA_DEBUG=1: the traceback instead of the one line (test_train.py checks the line)."""
+    loud = subprocess.run([sys.executable, str(ROOT / "train.py"), "--n_layer=0"], cwd=tmp_path,
+                          env=dict(env(tmp_path), NANOSPA_DEBUG="1"), capture_output=True, text=True, timeout=60)
+    assert loud.returncode != 0 and "Traceback (most recent call last)" in loud.stderr
+    assert "ValueError: GPTConfig.n_layer must be a positive integer" in loud.stderr
+
+
+# ----------------------------------------------------------------------------- paths and settings
+
+@pytest.mark.parametrize("case", ["out_dir is a file", "out_dir under a file", "ckpt.npz is a folder",
+                                  "log.jsonl is a folder", "checkpoint missing a key"])
+def test_bad_paths_and_checkpoints_are_one_line_before_any_training(case, tmp_path, text_file, capsys):
+    out, extra = tmp_path / "out", []
+    if case == "out_dir is a file":
+        out.write_text("x")
+    elif case == "out_dir under a file":
+        (tmp_path / "f").write_text("x")
+        out = tmp_path / "f" / "out"
+    elif case.endswith("is a folder"):
+        (out / case.split()[0]).mkdir(parents=True)
+    else:
+        assert train.main(args(text_file, out, "--max_iters=2")) == 0
+        with np.load(out / "ckpt.npz", allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        del arrays[next(k for k in arrays if k.startswith("model/"))]
+        np.savez(out / "ckpt.npz", **arrays)
+        extra = ["--init_from=resume", "--max_iters=4"]
+    capsys.readouterr()
+    assert train.main(args(text_file, out, *extra)) == 2
+    captured = capsys.readouterr()
+    err = [x for x in captured.err.splitlines() if x.startswith("error:")]
+    assert len(err) == 1 and ("Traceback" not in captured.err)
+    needle = {"out_dir is a file": "is a file, not a folder", "out_dir under a file": "no folder can be made",
+              "ckpt.npz is a folder": "ckpt.npz is a folder", "log.jsonl is a folder": "log.jsonl is a folder",
+              "checkpoint missing a key": f"checkpoint {out / 'ckpt.npz'} does not fit this run"}[case]
+    assert needle in err[0], err[0]
+    if case != "checkpoint missing a key":
+        assert "data:" not in captured.out                        # refused before any data or model
+
+
+def test_settings_are_validated_as_written(tmp_path, text_file, capsys):
+    out = tmp_path / "out"
+    assert train.main(args(text_file, out, "--learning_rate=1e-4")) == 2
+    assert error_line(capsys) == ("error: min_lr=0.0002 (the default) is above learning_rate=0.0001: the learning "
+                                  "rate would rise during the decay; set --min_lr to at most --learning_rate")
+    assert train.main(args(text_file, out, "--seed=-3")) == 2
+    assert error_line(capsys) == "error: seed must be >= 0, got -3"
+    assert train.main(args(text_file, out, "--block_size=1")) == 2
+    assert "GPTConfig.block_size=1 is too small for attention='espa'" in error_line(capsys)
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- resume semantics
+
+def test_resume_semantics_nothing_to_do_and_no_going_back(tmp_path, text_file, capsys):
+    out = tmp_path / "out"
+    assert train.main(args(text_file, out, "--lr_decay_iters=0")) == 0     # the schedule: decay ends at 8
+    assert load_checkpoint(str(out / "ckpt.npz"))["settings"]["lr_decay_iters"] == MAX   # stored resolved
+    before = (out / "log.jsonl").read_bytes()
+    capsys.readouterr()
+    assert train.main(args(text_file, out, "--init_from=resume")) == 0
+    assert capsys.readouterr().out == (f"nothing to do: {out / 'ckpt.npz'} is at iter 8 = max_iters; pass "
+                                       "--max_iters=N with N > 8 to train further\n")
+    assert train.main(args(text_file, out, "--init_from=resume", "--max_iters=5")) == 2
+    assert error_line(capsys) == (f"error: max_iters=5 is below the iteration of {out / 'ckpt.npz'} (8): a resumed "
+                                  "run cannot go back; pass a larger --max_iters, or --eval_only=True")
+    assert (out / "log.jsonl").read_bytes() == before
+    assert train.main(args(text_file, out, "--init_from=resume", "--max_iters=5", "--eval_only")) == 0
+
+
+def test_a_longer_resumed_run_keeps_the_schedule_and_can_stretch_it(tmp_path, text_file, capsys):
+    keep, stretch = tmp_path / "keep", tmp_path / "stretch"
+    for out in (keep, stretch):
+        assert train.main(args(text_file, out, "--lr_decay_iters=0")) == 0
+    first = [r["lr"] for r in read_log(keep)]
+    capsys.readouterr()
+    assert train.main(args(text_file, keep, "--init_from=resume", "--max_iters=12")) == 0
+    assert "note: the schedule is the run's: its cosine decay ends at iter 8" in capsys.readouterr().out
+    lrs = [r["lr"] for r in read_log(keep)]
+    assert lrs[:9] == first and lrs[9:] == [2e-4] * 4           # the same schedule, then min_lr
+    assert train.main(args(text_file, stretch, "--init_from=resume", "--max_iters=12", "--lr_decay_iters=12")) == 0
+    lrs = [r["lr"] for r in read_log(stretch)]
+    assert lrs[9:] == [train.cosine_lr(it, 2e-3, 2, 12, 2e-4) for it in range(8, 12)]   # re-stretched
+
+
+def test_resuming_on_another_corpus_is_refused_unless_asked_for(tmp_path, text_file, capsys):
+    out = tmp_path / "out"
+    assert train.main(args(text_file, out)) == 0
+    best = load_checkpoint(str(out / "ckpt.npz"))["state"]["best_val_loss"]
+    assert load_checkpoint(str(out / "ckpt.npz"))["state"]["data"]["tokenizer"] == "byte"
+    other = tmp_path / "other.txt"
+    other.write_text(text_file.read_text().upper())
+    capsys.readouterr()
+    assert train.main(args(text_file, out, "--init_from=resume", "--max_iters=10", f"--data={other}")) == 2
+    line = error_line(capsys)
+    assert f"{out / 'ckpt.npz'} was trained on {str(text_file)!r}" in line and "--new_data=True" in line
+    text_file.write_text(text_file.read_text() + " more")     # the same path, edited: another corpus too
+    assert train.main(args(text_file, out, "--init_from=resume", "--max_iters=10")) == 2
+    assert "resuming on another corpus is refused" in error_line(capsys)
+    assert train.main(args(text_file, out, "--init_from=resume", "--max_iters=10", f"--data={other}",
+                           "--new_data=True")) == 0
+    assert "the best validation loss starts afresh" in capsys.readouterr().out
+    state = load_checkpoint(str(out / "ckpt.npz"))["state"]
+    assert state["data"]["spec"] == str(other) and state["best_val_loss"] != best
+    assert load_checkpoint(str(out / "ckpt.npz"))["settings"]["new_data"] is True
+    assert train.main(args(text_file, out, "--init_from=resume", "--max_iters=12", f"--data={text_file}")) == 2
+
+
+# ----------------------------------------------------------------------------- fault injection
+
+def _fire(sig):
+    os.kill(os.getpid(), sig)
+    if sig == signal.SIGKILL:
+        time.sleep(60)                    # never returns
+
+
+class _LogFault:
+    """rundir's `os`: the n-th log record's write(2) (phase "mid": after half of it, "after":
+    after all of it) or the n-th fsync of the log (phase "sync") sends `sig`."""
+
+    def __init__(self, n, phase, sig):
+        self.n, self.phase, self.sig, self.records, self.syncs = n, phase, sig, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def write(self, fd, data):
+        if bytes(data[:8]) != b'{"iter":' or self.phase == "sync":
+            return os.write(fd, data)
+        self.records += 1
+        if self.records != self.n:
+            return os.write(fd, data)
+        k = os.write(fd, data if self.phase == "after" else data[:len(data) // 2])
+        _fire(self.sig)
+        return k                          # SIGTERM: Log.write writes the rest
+
+    def fsync(self, fd):
+        self.syncs += 1
+        if self.phase == "sync" and self.syncs == self.n:
+            _fire(self.sig)
+        return os.fsync(fd)
+
+
+class _CheckpointFault:
+    """checkpoint's `np` and `os`: the n-th checkpoint sends `sig` half-way through its .npz
+    ("npz"), just before its rename ("replace") or just after it ("after")."""
+
+    def __init__(self, n, phase, sig, real):
+        self.n, self.phase, self.sig, self.real, self.count = n, phase, sig, real, 0
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def savez(self, f, **arrays):
+        self.count += 1
+        if self.phase != "npz" or self.count != self.n:
+            return np.savez(f, **arrays)
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        data = buf.getvalue()
+        f.write(data[:len(data) // 2])
+        f.flush()
+        _fire(self.sig)
+        f.write(data[len(data) // 2:])
+
+    def replace(self, src, dst):
+        self.count += 1
+        hit = self.count == self.n
+        if hit and self.phase == "replace":
+            _fire(self.sig)
+        os.replace(src, dst)
+        if hit and self.phase == "after":
+            _fire(self.sig)
+
+
+def _child(argv, where, n, phase, sig):
+    """In the forked child: arm one fault, train, exit with train's status (never returns)."""
+    rc = 99
+    try:
+        if where == "log":
+            rundir.os = _LogFault(n, phase, sig)
+        elif phase == "npz":
+            checkpoint.np = _CheckpointFault(n, phase, sig, np)
+        else:
+            checkpoint.os = _CheckpointFault(n, phase, sig, os)
+        rc = train.main(argv)
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(rc)
+
+
+K, T = signal.SIGKILL, signal.SIGTERM
+MOMENTS = [  # (signal, file, n-th write, phase): 12 SIGKILL, 8 SIGTERM
+    (K, "log", 1, "mid"), (K, "log", 3, "mid"), (K, "log", 3, "after"), (K, "log", 6, "mid"),
+    (K, "log", 9, "mid"), (K, "log", 2, "sync"), (K, "ckpt", 1, "npz"), (K, "ckpt", 1, "replace"),
+    (K, "ckpt", 1, "after"), (K, "ckpt", 2, "npz"), (K, "ckpt", 3, "replace"), (K, "ckpt", 5, "npz"),
+    (T, "log", 1, "mid"), (T, "log", 4, "mid"), (T, "log", 8, "after"), (T, "log", 3, "sync"),
+    (T, "ckpt", 1, "npz"), (T, "ckpt", 2, "replace"), (T, "ckpt", 4, "after"), (T, "ckpt", 5, "npz"),
+]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_twenty_kills_during_checkpoint_and_log_writes_all_resume_to_the_same_log(tmp_path, text_file, capfd):
+    assert len(MOMENTS) == 20
+    assert train.main(args(text_file, tmp_path / "whole")) == 0       # also builds the data cache
+    whole = key(read_log(tmp_path / "whole"))
+    seen = set()
+    for i, (sig, where, n, phase) in enumerate(MOMENTS):
+        out = tmp_path / f"run{i}"
+        argv = args(text_file, out)
+        pid = os.fork()
+        if pid == 0:
+            _child(argv, where, n, phase, sig)
+        _, status = os.waitpid(pid, 0)
+        label = f"{signal.Signals(sig).name} at {where} write {n} ({phase})"
+        if sig == K:
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == K, label
+        else:
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 143, label
+        ckpt = out / "ckpt.npz"
+        if ckpt.exists():                                  # never half a checkpoint
+            k = load_checkpoint(str(ckpt))["state"]["iter"]
+            again = argv + ["--init_from=resume"]
+        else:                                              # killed writing the first: nothing was written
+            assert not (out / "log.jsonl").exists(), label
+            k, again = None, argv
+        seen.add(k)
+        assert train.main(again) == 0, label
+        log = read_log(out)                                # every line a complete record
+        assert key(log) == whole, label                    # consistent with its checkpoints, and exact
+        assert load_checkpoint(str(ckpt))["state"]["iter"] == MAX and not list(out.glob("*.tmp")), label
+    assert {None, 0, 2, 4, 6, 8} <= seen                   # the moments hit every checkpoint, and before the first
+    capfd.readouterr()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_second_sigterm_during_the_save_stops_at_once_and_keeps_the_previous_checkpoint(tmp_path, text_file,
+                                                                                         capfd):
+    assert train.main(args(text_file, tmp_path / "whole")) == 0
+    out = tmp_path / "out"
+    argv = args(text_file, out, "--checkpoint_interval=4")
+    pid = os.fork()
+    if pid == 0:                           # SIGTERM while logging iter 2, again while saving its checkpoint
+        rc = 99
+        try:
+            rundir.os = _LogFault(3, "mid", T)
+            checkpoint.np = _CheckpointFault(2, "npz", T, np)
+            rc = train.main(argv)
+        finally:
+            sys.stderr.flush()
+            os._exit(rc)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 143
+    err = capfd.readouterr().err
+    assert "SIGTERM again: stopped at once, without saving" in err and "Traceback" not in err
+    assert load_checkpoint(str(out / "ckpt.npz"))["state"]["iter"] == 0     # the previous one, intact
+    assert not list(out.glob("*.tmp")) and not (out / "run.lock").exists()
+    assert train.main(argv + ["--init_from=resume"]) == 0
+    assert key(read_log(out)) == key(read_log(tmp_path / "whole"))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_signal_before_anything_is_written_stops_at_once(tmp_path, text_file, capfd):
+    """SIGTERM while the data load: nothing to save yet, so it stops at once, leaving nothing."""
+    out = tmp_path / "out"
+    pid = os.fork()
+    if pid == 0:
+        rc = 99
+        try:
+            real = train.load_dataset
+
+            def loading(spec):
+                os.kill(os.getpid(), T)
+                return real(spec)
+
+            train.load_dataset = loading
+            rc = train.main(args(text_file, out))
+        finally:
+            sys.stderr.flush()
+            os._exit(rc)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 143
+    assert "SIGTERM before training started: stopped, nothing written" in capfd.readouterr().err
+    assert not out.exists()                    # the lock's folder is gone too
