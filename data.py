@@ -32,6 +32,7 @@ has the wrong size. Both files are written through corpus.atomic_write.
 """
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ import numpy as np
 
 from nanospa import corpus
 from nanospa.corpus import DataError
+from nanospa.settings import parse_settings, run_command
 
 VOCAB_SIZE = 256                       # byte-level tokens
 FORMAT_VERSION = 1                     # bump when the cache entry's layout changes
@@ -134,6 +136,20 @@ def _build(folder, src):
     return meta
 
 
+def check_cache(cache_dir=None):
+    """corpus.cache_root(cache_dir), or DataError naming it and what set it when it is a file
+    or lies under one (or a dangling link), so that no cache entry can be built there."""
+    root = p = corpus.cache_root(cache_dir)
+    while not (p.exists() or p.is_symlink()) and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        where = ("--cache_dir" if cache_dir else f"env {corpus.CACHE_ENV}" if os.environ.get(corpus.CACHE_ENV)
+                 else "the default")
+        what = "a dangling link" if p.is_symlink() else "a file"
+        raise DataError(f"cache folder {root} (from {where}): {p} is {what}, not a folder")
+    return root
+
+
 def load_dataset(spec="default", cache_dir=None, val_fraction=DEFAULT_VAL_FRACTION, min_tokens=None):
     """Prepare (once) and open a dataset; `spec` is one of corpus.SPECS.
 
@@ -144,10 +160,16 @@ def load_dataset(spec="default", cache_dir=None, val_fraction=DEFAULT_VAL_FRACTI
     """
     if not (isinstance(val_fraction, (int, float)) and 0 < val_fraction < 1):
         raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction!r}")
-    cache = corpus.cache_root(cache_dir)
+    cache = check_cache(cache_dir)                     # DataError: a file where the folder should be
     src = corpus.resolve(spec, cache)
     folder = cache / src.key
-    meta = _read_meta(folder, src) or _build(folder, src)
+    try:
+        meta = _read_meta(folder, src) or _build(folder, src)
+    except OSError as e:                                # a full disk, a read-only cache: name the folder
+        if e.filename:
+            raise
+        raise DataError(f"cannot write the cache entry {folder} ({e.strerror or e}); make room or set "
+                        f"{corpus.CACHE_ENV} to another folder") from None
     tokens = np.memmap(folder / TOKENS_FILE, dtype=meta["dtype"], mode="r")
     bounds = meta["fixed_splits"]
     if bounds:
@@ -223,28 +245,18 @@ def unigram_entropy(tokens, vocab_size=VOCAB_SIZE):
 
 def main(argv=None):
     """python data.py [--data=SPEC] [--cache_dir=DIR] [--val_fraction=F]: prepare and summarise."""
-    opts = {"data": "default", "cache_dir": "", "val_fraction": str(DEFAULT_VAL_FRACTION)}
-    for arg in sys.argv[1:] if argv is None else argv:
-        if arg in ("-h", "--help"):
-            print(main.__doc__.strip() + "\n\nSPEC:\n" + corpus.SPECS.rstrip())
-            return 0
-        key, eq, value = arg[2:].partition("=")
-        if not arg.startswith("--") or not eq or key not in opts:
-            print(f"error: unknown argument {arg!r} (use --data=, --cache_dir=, --val_fraction=)",
-                  file=sys.stderr)
-            return 2
-        opts[key] = value
-    try:
-        try:
-            f = float(opts["val_fraction"])
-        except ValueError:
-            raise DataError(f"val_fraction must be a number, got {opts['val_fraction']!r}") from None
-        t0 = time.perf_counter()
-        ds = load_dataset(opts["data"], opts["cache_dir"] or None, f)
-        h = unigram_entropy(ds.train, ds.vocab_size)
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(main.__doc__.strip() + "\n\nSPEC:\n" + corpus.SPECS.rstrip())
+        return 0
+    return run_command(_prepare, argv)
+
+
+def _prepare(argv):
+    s = parse_settings(argv, {"data": "default", "cache_dir": "", "val_fraction": DEFAULT_VAL_FRACTION})
+    t0 = time.perf_counter()
+    ds = load_dataset(s["data"], s["cache_dir"] or None, s["val_fraction"])
+    h = unigram_entropy(ds.train, ds.vocab_size)
     print(f"{ds.name}: {len(ds.train):,} train / {len(ds.val):,} val tokens (vocab {ds.vocab_size}, "
           f"{ds.meta['dtype']}), unigram entropy {h:.3f} nats, {time.perf_counter() - t0:.1f}s, "
           f"cached at {ds.path}")

@@ -97,6 +97,7 @@ def cache_root(cache_dir=None):
     return Path(cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
 
 
+
 @contextmanager
 def atomic_write(dest):
     """Open dest for binary writing; the bytes land in dest only if the block succeeds.
@@ -292,8 +293,13 @@ def _default_source():
 def _path_source(path, name=None, description=None, key=None):
     """A UTF-8 file, or every non-empty *.txt under a folder joined by SEPARATOR."""
     p = Path(path).expanduser()
+    if p.is_symlink() and not p.exists():
+        raise DataError(f"{p} is a dangling link (to {os.readlink(p)})")
     if p.is_dir():
-        files = [f for f in _txt_files(p) if f.stat().st_size > 0]
+        files = _txt_files(p)
+        for f in (f for f in files if f.is_symlink() and not f.exists()):
+            raise DataError(f"{f} is a dangling link (to {os.readlink(f)}); remove it or point it at a text file")
+        files = [f for f in files if f.stat().st_size > 0]
         if not files:
             raise DataError(f"folder {p} has no non-empty .txt files")
         description = description or f"{len(files)} .txt file(s) under {p}"

@@ -172,6 +172,19 @@ def test_missing_empty_and_non_utf8_files(tmp_path):
         load_dataset(str(tmp_path / "nothing"))
 
 
+def test_a_dangling_link_in_a_data_folder_is_named(tmp_path):
+    folder = tmp_path / "texts"
+    write(folder / "a.txt", "some text here\n" * 20)
+    (folder / "b.txt").symlink_to(tmp_path / "gone.txt")
+    with pytest.raises(DataError) as e:
+        load_dataset(str(folder))
+    assert one_line(e) == (f"{folder / 'b.txt'} is a dangling link (to {tmp_path / 'gone.txt'}); remove it or "
+                           "point it at a text file")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "gone.txt")
+    with pytest.raises(DataError, match="link.txt is a dangling link"):
+        load_dataset(str(tmp_path / "link.txt"))
+
+
 def test_non_utf8_error_offset_across_chunks(tmp_path, monkeypatch):
     """A bad byte after a character split across read chunks is located exactly."""
     monkeypatch.setattr(corpus, "CHUNK", 4)

@@ -142,6 +142,44 @@ def test_cli_help_lists_the_specs(capsys):
     assert out.startswith("python data.py [--data=SPEC]") and corpus.SPECS.rstrip() in out
     assert all(name in corpus.SPECS for name in corpus.NAMED + ("PATH",))
 
+def test_a_cache_folder_that_is_a_file_is_one_line_naming_its_setting(tmp_path, monkeypatch, capsys):
+    f = write(tmp_path / "t.txt", "a b c d e f g h i j\n" * 10)
+    monkeypatch.setenv("NANOSPA_CACHE", str(f))                  # a file where the cache folder goes
+    with pytest.raises(DataError) as e:
+        load_dataset(str(f))
+    assert one_line(e) == f"cache folder {f} (from env NANOSPA_CACHE): {f} is a file, not a folder"
+    with pytest.raises(DataError, match=f"cache folder {f / 'sub'} \\(from --cache_dir\\): {f} is a file"):
+        load_dataset(str(f), cache_dir=str(f / "sub"))
+    assert data.main([f"--data={f}"]) == 2
+    assert capsys.readouterr().err.startswith("error: cache folder ")
+    assert data.main(["--val_fraction=half"]) == 2
+    assert capsys.readouterr().err == "error: --val_fraction=half: expected float like the default 0.1\n"
+
+
+def test_a_full_disk_while_building_the_cache_names_the_entry(tmp_path, monkeypatch):
+    f = write(tmp_path / "t.txt", "a b c d e f g h i j\n" * 10)
+
+    class Full:                                                  # what a write on a full disk raises
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def write(self, chunk):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(data.corpus, "atomic_write", Full)
+    with pytest.raises(DataError) as e:
+        load_dataset(str(f))
+    msg = one_line(e)
+    assert msg.startswith("cannot write the cache entry ") and "(No space left on device)" in msg
+    assert str(tmp_path / "cache") in msg and "NANOSPA_CACHE" in msg
+
+
 def test_cli_subprocess_exits_2_without_traceback(tmp_path):
     r = subprocess.run([sys.executable, "data.py", f"--data={tmp_path / 'missing.txt'}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60,
