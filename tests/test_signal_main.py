@@ -106,7 +106,7 @@ def test_help_lists_every_setting(capsys):
     (["--n_layer=24", "--depths=30"], "30"),       # depth beyond n_layer
     (["--tokens=words"], "words"),
     (["n_layer=4"], "n_layer=4"),                  # not --key=value
-    (["--every=0"], "every, width and batch must be >= 1"),
+    (["--every=0"], "--every must be >= 1"),
     (["--n_layer=2", "--empirical=True", "--width=30"], "width=30 is not divisible by n_head=4"),
     (["--n_layer=2", "--kernel_budget=independent", "--eta=0.95"], "eta=0.95 is unreachable"),  # plan error
 ])
@@ -114,6 +114,18 @@ def test_bad_flags_exit_2_with_one_line(argv, words, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and words in err and err.count("\n") == 1
+
+
+def test_output_paths_and_seed_are_checked_before_any_work(tmp_path, capsys):
+    """A plot in a missing folder (or where a folder is) and a negative seed: one line, and
+    nothing computed first (no table printed)."""
+    for argv, words in [([f"--plot={tmp_path / 'missing' / 'fig1.png'}"], "its folder"),
+                        ([f"--plot={tmp_path}"], "a folder, not a file"),
+                        (["--seed=-1"], "--seed must be >= 0, got -1")]:
+        assert cli.main(SMALL + argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("error: ") and words in err and err.count("\n") == 1
+    assert not (tmp_path / "missing").exists()
 
 
 def test_module_entry_point():

@@ -24,7 +24,8 @@ Notation (docs/method.md §1)
     gamma_l, rho_l  E-SPA / U-SPA schedules
 
 Every GPTConfig field is a setting (--attention=uspa, --n_layer=36, --block_size=256, ...),
-plus the ones in SETTINGS below. Bad settings: one line on stderr, exit status 2.
+plus the ones in SETTINGS below. Bad settings, data or output paths (checked before any work):
+one `error:` line on stderr, exit status 2.
 """
 import sys
 from collections.abc import Mapping
@@ -68,19 +69,28 @@ def show(value, nested=False):
 
 def run(argv):
     from nanospa.config import GPTConfig
-    from nanospa.settings import help_text, parse_settings, wants_help
+    from nanospa.settings import check_output_file, help_text, parse_settings, wants_help
     cfg_defaults = {f.name: getattr(GPTConfig(), f.name) for f in fields(GPTConfig)}
     defaults = {**cfg_defaults, **SETTINGS}
     if wants_help(argv):
         print(help_text(__doc__.splitlines()[0], defaults, NOTES))
         return 0
     s = parse_settings(argv, defaults, elements={"depths": 0})
-    if s["every"] < 1 or s["width"] < 1 or s["batch"] < 1:
-        raise ValueError(f"every, width and batch must be >= 1, got {s['every']}, {s['width']}, {s['batch']}")
+    for key in ("every", "width", "batch"):
+        if s[key] < 1:
+            raise ValueError(f"--{key} must be >= 1, got {s[key]}")
+    if s["seed"] < 0:
+        raise ValueError(f"--seed must be >= 0, got {s['seed']}")
+    if s["plot"]:
+        check_output_file(s["plot"], "plot")       # before any work: a folder, or a missing folder
+
     cfg = GPTConfig(**{k: s[k] for k in cfg_defaults})
-    depths = check_depths(s["depths"], cfg.n_layer)
+    try:
+        depths = check_depths(s["depths"], cfg.n_layer)
+    except ValueError as e:
+        raise ValueError(f"--depths={','.join(map(str, s['depths']))}: {e}") from None
     if s["tokens"] not in ("distinct", "data"):
-        raise ValueError(f"tokens={s['tokens']!r} is not one of ['distinct', 'data']")
+        raise ValueError(f"--tokens={s['tokens']!r} is not one of ['distinct', 'data']")
     plan = make_plan(cfg)
 
     print(f"nanospa.signal: attention={cfg.attention} activation={cfg.activation} residual={cfg.residual} "
@@ -117,12 +127,10 @@ def run(argv):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        return run(argv)
-    except ValueError as e:  # SettingsError, GPTConfig, DataError and plan errors are ValueErrors
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    """-> exit status: 0 done, 2 bad settings, data or output path (one error: line; see
+    nanospa/settings.py run_command, and NANOSPA_DEBUG=1 for a traceback)."""
+    from nanospa.settings import run_command
+    return run_command(run, sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":
