@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +121,25 @@ def test_pool_workers_and_module_entry_point(tmp_path):
     result = json.loads((out / "result.json").read_text())
     assert sorted(len(m["runs"]) for m in result["methods"].values()) == [2, 2]
     assert "[4/4]" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["fig1", "fig2", "budget"])
+def test_an_out_that_is_a_file_is_refused_before_any_work(name, tmp_path, capsys):
+    blocker = tmp_path / "taken"
+    blocker.write_text("x")
+    for out, words in [(blocker, "is a file, not a folder"), (blocker / "sub", "is a file, so no folder can be made "
+                                                                         "under it")]:
+        t0 = time.time()
+        assert main([name, "--preset=tiny", f"--out={out}"]) == 2
+        captured = capsys.readouterr()
+        assert captured.err == f"error: --out={out}: " + (f"{out} " if out == blocker else f"{blocker} ") \
+            + words + "\n", captured.err
+        assert "runs on" not in captured.out and time.time() - t0 < 5     # no data, no training
+
+
+def test_an_unknown_experiment_suggests_the_closest(capsys):
+    assert main(["fig22"]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown experiment 'fig22'; did you mean fig2?")
 
 
 def test_dispatcher_lists_every_command(capsys):

@@ -12,10 +12,14 @@ the paper (docs/method.md §12), and the kernel-budget study.
 Each writes result.json, table.md and plot.png to --out (default out/NAME). Presets:
 --preset=quick (default; a 2-core CPU, about 15 minutes or less), --preset=full (one GPU),
 --preset=tiny (seconds; for tests). `python -m nanospa.experiments NAME --help` lists the
-settings of one command.
+settings of one command. Bad settings or output folders (checked before any training), missing
+data, full disks and the like: one `error:` line, exit status 2 (NANOSPA_DEBUG=1 for a traceback).
 """
+import difflib
 import importlib
 import sys
+
+from ..settings import fail
 
 COMMANDS = ("fig1", "fig2", "table1", "fig3", "table2", "longer", "budget")
 
@@ -27,8 +31,9 @@ def main(argv=None):
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"error: unknown experiment {name!r}; one of: {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        return fail(f"unknown experiment {name!r}" + (f"; did you mean {close[0]}?" if close else "")
+                    + f" (one of: {', '.join(COMMANDS)})")
     module = importlib.import_module(f"nanospa.experiments.{name}")  # lazily: only the one asked for
     return module.main(rest)
 

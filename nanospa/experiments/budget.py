@@ -25,8 +25,7 @@ import numpy as np
 
 from . import report, runner
 from .runner import PRE_LN, Method
-from ..settings import fail
-from ..backend import DeviceError
+from ..settings import run_command
 from ..measure import measure_config, measured_kernels, token_batch
 from ..model import GPT
 from ..signal import kernel_stats, make_plan, normalised_kernel, predict_kernels
@@ -155,7 +154,7 @@ def run_init_check(s, argv):
     md = init_markdown(checks, s)
     report.write_json(out / "init.json", dict(command=report.command_line(NAME, argv),
                                               machine=report.machine(), checks=checks))
-    (out / "init.md").write_text(md, encoding="utf-8")
+    report.write_text(out / "init.md", md)
     return md
 
 
@@ -164,17 +163,18 @@ def main(argv=None):
     spec = sys.modules[__name__]
     if runner.wants_help(argv):
         return runner.main(spec, argv)
-    try:
-        s = runner.settings_for(spec, argv)
-        md = run_init_check(s, argv) if s["measure_width"] > 0 else ""
-    except (ValueError, DeviceError) as e:
-        return fail(e)
-    rc = runner.main(spec, argv) if s["train"] else 0
+    return run_command(_run, spec, argv)
+
+
+def _run(spec, argv):
+    s = runner.settings_for(spec, argv)
+    md = run_init_check(s, argv) if s["measure_width"] > 0 else ""
+    rc = runner.run(spec, argv) if s["train"] else 0
     table = Path(s["out"]) / "table.md"
     if rc == 0 and md and table.exists():
         text = table.read_text(encoding="utf-8")
         text = text.split("\n" + INIT_HEADING)[0].rstrip("\n") + "\n"    # replace an older init section
-        table.write_text(text + "\n" + md, encoding="utf-8")
+        report.write_text(table, text + "\n" + md)
     return rc
 
 

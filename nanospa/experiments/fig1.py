@@ -25,9 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from . import report, runner
-from ..backend import DeviceError
 from ..measure import measure_config, measured_model_kernels, token_batch
-from ..settings import fail, help_text, parse_settings, wants_help
+from ..settings import check_output_dir, help_text, parse_settings, run_command, wants_help
 from ..signal import make_plan, normalised_kernel
 from ..signal.table import attention_only_kernels, check_depths, predicted_kernels, summary
 
@@ -57,8 +56,11 @@ def settings(argv):
     defaults = {**DEFAULTS, **PRESETS["quick"], **cfg_fields}
     s = parse_settings(argv, defaults, PRESETS, elements={"depths": 0})
     s["out"] = s["out"] or str(Path("out") / NAME)
+    check_output_dir(s["out"], "out")              # before any model is built
     if s["width"] < 1 or s["batch"] < 1:
         raise ValueError(f"width and batch must be >= 1, got {s['width']}, {s['batch']}")
+    if s["seed"] < 0:
+        raise ValueError(f"--seed must be >= 0, got {s['seed']}")
     cfg = GPTConfig(**{k: s[k] for k in cfg_fields}, n_layer=s["n_layer"], block_size=s["block_size"],
                     n_head=s["n_head"], n_embd=s["width"])
     return s, cfg
@@ -161,8 +163,11 @@ def plot_heatmaps(fig1, path, title=""):
     fig.colorbar(im, cax=cax, label="normalised kernel C_l")
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=72)
-    plt.close(fig)
+    try:
+        with report.naming(path):
+            fig.savefig(path, dpi=72)
+    finally:
+        plt.close(fig)
     return True
 
 
@@ -182,14 +187,15 @@ def run(argv):
     result = dict(name=NAME, title=TITLE, paper=PAPER, settings=public, config=cfg.to_dict(),
                   depths=fig["depths"], stats=fig["stats"], per_layer=fig["per_layer"],
                   kernels_file="kernels.npz")
-    np.savez_compressed(out / "kernels.npz", **{f"{k}/{lab}/depth{d}": m.astype(np.float16)
-                                                for k, v in fig["kinds"].items()
-                                                for lab, mats in v.items()
-                                                for d, m in zip(fig["depths"], mats)})
+    with report.naming(out / "kernels.npz"):
+        np.savez_compressed(out / "kernels.npz", **{f"{k}/{lab}/depth{d}": m.astype(np.float16)
+                                                    for k, v in fig["kinds"].items()
+                                                    for lab, mats in v.items()
+                                                    for d, m in zip(fig["depths"], mats)})
     result["findings"] = findings(result)
     result["provenance"] = report.provenance(NAME, argv, dict(device="cpu", _load_start=load), started, t0)
     report.write_json(out / "result.json", result)
-    (out / "table.md").write_text(markdown(result), encoding="utf-8")
+    report.write_text(out / "table.md", markdown(result))
     title = f"normalised kernels C_l at init (T={cfg.block_size}, L={cfg.n_layer}, {cfg.activation}, vanilla)"
     wrote = plot_heatmaps(fig, out / "plot.png", title)
     print("\n".join(f"  {line}" for line in result["findings"]))
@@ -200,8 +206,4 @@ def run(argv):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        return run(argv)
-    except (ValueError, DeviceError) as e:
-        return fail(e)
+    return run_command(run, sys.argv[1:] if argv is None else list(argv))

@@ -3,6 +3,8 @@ writes and how its numbers are read.
 
     provenance     command, date, machine, load averages, wall time, git commit
     write_json     result.json (indented, loss curves on one line each), written atomically
+    write_text     table.md and the like, written atomically
+    naming(path)   a failed write (a full disk) inside names the file it was writing
     markdown       table.md: provenance, one row per method, the paper's claim, the findings
     plot           plot.png: training-loss curves at each method's best rate (matplotlib)
     loss_line, ranking, loss_at, summary   helpers for each experiment's findings()
@@ -27,6 +29,7 @@ import subprocess
 import textwrap
 import time
 from collections.abc import Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -145,9 +148,31 @@ def write_json(path, obj):
 
     text = json.dumps(fold(obj), indent=1, allow_nan=True, default=_plain)
     text = re.sub(r'"@@(\d+)@@"', lambda m: compact[int(m.group(1))], text)
+    write_text(path, text + "\n")
+
+
+@contextmanager
+def naming(path):
+    """Re-raise an OSError that names no file (a write to an open file on a full disk) as one
+    that names `path`, so that the command's one error: line says which file failed."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
+
+
+def write_text(path, text):
+    """Write text to path through a temporary file beside it, renamed at the end."""
     tmp = Path(str(path) + ".tmp")
-    tmp.write_text(text + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        with naming(path):
+            tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def fmt(x, f=".3f"):
@@ -243,8 +268,11 @@ def plot(result, path, panels=None):
         ax.set_ylabel("training loss (nats/token, moving average)")
         ax.set_title(textwrap.fill(title or f"{result['name']}: {result['title']}", 60), fontsize=9)
         ax.legend(fontsize=7)
-    fig.savefig(path, dpi=PLOT_DPI)
-    plt.close(fig)
+    try:
+        with naming(path):
+            fig.savefig(path, dpi=PLOT_DPI)
+    finally:
+        plt.close(fig)
     return True
 
 

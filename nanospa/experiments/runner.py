@@ -36,9 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend import DeviceError
-from ..settings import fail, help_text, parse_settings, wants_help
-from .report import STALL_MARGIN, duration, fmt, load_average, markdown, plot, provenance, write_json
+from ..settings import check_output_dir, help_text, parse_settings, run_command, wants_help
+from .report import STALL_MARGIN, duration, fmt, load_average, markdown, plot, provenance, write_json, write_text
 
 LOSS_DECIMALS = 5     # loss histories in result.json: float32 losses, 5 decimals suffice
 CURVE_POINTS = 1000   # at most about this many training-loss records per run
@@ -149,6 +148,7 @@ def settings_for(spec, argv):
     if s["device"] not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {s['device']!r}")
     s["out"] = s["out"] or os.path.join("out", spec.NAME)
+    check_output_dir(s["out"], "out")              # a file there: refused before any data or training
     return s
 
 
@@ -337,7 +337,7 @@ def run(spec, argv):
     result["complete"] = True
     result["provenance"] = provenance(spec.NAME, argv, s, started, t0)
     write_json(out / "result.json", result)
-    (out / "table.md").write_text(markdown(result), encoding="utf-8")
+    write_text(out / "table.md", markdown(result))
     wrote = plot(result, out / "plot.png", getattr(spec, "PANELS", None))
     print("\n".join(f"  {line}" for line in result["findings"]))
     print(f"wrote {out / 'result.json'}, {out / 'table.md'}" + (f", {out / 'plot.png'}" if wrote else "")
@@ -352,16 +352,12 @@ def rerender(spec, out):
     result = json.loads((out / "result.json").read_text(encoding="utf-8"))
     result["findings"] = list(spec.findings(result))
     write_json(out / "result.json", result)
-    (out / "table.md").write_text(markdown(result), encoding="utf-8")
+    write_text(out / "table.md", markdown(result))
     plot(result, out / "plot.png", getattr(spec, "PANELS", None))
     return result
 
 
 def main(spec, argv=None):
-    """Entry point of one experiment module: bad settings, data or device -> one line on
-    stderr, exit 2."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        return run(spec, argv)
-    except (ValueError, DeviceError) as e:
-        return fail(e)
+    """Entry point of one experiment module: bad settings, data, device or output folder, a
+    full disk, out of memory -> one error: line on stderr, exit 2 (settings.run_command)."""
+    return run_command(run, spec, sys.argv[1:] if argv is None else list(argv))
