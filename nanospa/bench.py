@@ -55,7 +55,7 @@ from .bench_memory import gpu_peaks, measure_cpu, probe_line, reset_gpu, status_
 from .bench_report import format_report, machine_info
 from .config import GPTConfig
 from .model import GPT
-from .settings import SettingsError, fail, help_text, parse_settings, source_notes, wants_help
+from .settings import SettingsError, help_text, parse_settings, run_command, source_notes, wants_help
 
 # ----------------------------------------------------------------------------- settings
 # The comment beside each key is its --help line.
@@ -74,7 +74,7 @@ BENCH_DEFAULTS = dict(
     torch_sdpa=False,          # PyTorch uses scaled_dot_product_attention instead of the manual attention
     no_memory=False,           # skip the CPU memory probes
     json=False,                # print machine-readable results
-    batch_size=0,              # sequences per step; 0 = the configuration's
+    batch_size=0,              # sequences per step; unset: the configuration's
 )
 PROBE_DEFAULTS = dict(         # internal: the fresh process of a CPU memory probe
     memory_probe="",           # the framework a fresh process measures (set by bench_memory.measure_cpu)
@@ -95,8 +95,9 @@ def parse_args(argv):
     s = parse_settings(argv, DEFAULTS)
     explicit = s.pop("_explicit")
     s["overrides"] = {k: s[k] for k in MODEL_KEYS + ["batch_size"] if k in explicit}
-    if s["batch_size"] == 0:
-        s["overrides"].pop("batch_size", None)            # 0: the configuration's own batch size
+    if "batch_size" in explicit and s["batch_size"] < 1:  # unset: the configuration's own batch size
+        raise SettingsError(f"--batch_size must be >= 1, got {s['batch_size']} (leave it unset for the "
+                            "configuration's own)")
     for name in s["config"]:
         if name not in CONFIGS:
             raise SettingsError(f"unknown configuration {name!r}; choose among {', '.join(CONFIGS)}")
@@ -109,6 +110,8 @@ def parse_args(argv):
                      ("warmup", 0), ("gemm_n", 0), ("batch_size", 0), ("settle", 0)):
         if s[key] < low:
             raise SettingsError(f"--{key} must be >= {low}, got {s[key]}")
+    for name in s["config"]:
+        make_config(name, s["overrides"], s["dtype"])    # GPTConfig's ValueError, before any timing
     return s
 
 
@@ -262,8 +265,14 @@ def run(s, argv, reexec):
     return report
 
 
+def bench(argv, reexec):
+    run(parse_args(argv), argv, reexec)
+    return 0
+
+
 def main(argv=None):
-    """-> exit status: 0 done, 2 bad settings or no such device (one error: line)."""
+    """-> exit status: 0 done, 2 bad settings, no such device, out of memory (one error: line;
+    settings.run_command, NANOSPA_DEBUG=1 for a traceback)."""
     reexec = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     if wants_help(argv):
@@ -271,10 +280,7 @@ def main(argv=None):
         return 0
     threads = backend.threads()                       # run() sets its own; restored for callers
     try:
-        run(parse_args(argv), argv, reexec)
-        return 0
-    except (SettingsError, ValueError, backend.DeviceError) as e:
-        return fail(e)
+        return run_command(bench, argv, reexec)
     finally:
         backend.set_threads(threads)
 

@@ -56,6 +56,9 @@ def test_bench_rejects_unknown_configuration(capsys):
     (["--cpu_threading=omp"], "--cpu_threading=omp: one of shards, blas"),
     (["--config=tiny", "--n_head=3", "--torch=no", "--no_memory", "--steps=1", "--warmup=0", "--gemm_n=8",
       "--settle=0"], "GPTConfig.n_embd=32 is not divisible by n_head=3"),
+    (["--n_layer=0"], "GPTConfig.n_layer must be a positive integer, got 0"),       # before any timing
+    (["--batch_size=0"], "--batch_size must be >= 1, got 0 (leave it unset for the configuration's own)"),
+    (["--block_size=-4"], "GPTConfig.block_size must be a positive integer, got -4"),
 ])
 def test_bad_settings_give_one_line_and_status_2(argv, message, capsys):
     assert main(argv) == 2
@@ -75,7 +78,9 @@ def test_settings_are_typed_and_model_fields_override_only_when_set():
     assert s["config"] == ("tiny", "ref") and s["json"] is True and s["settle"] == 0.0
     assert s["overrides"] == dict(n_layer=3, batch_size=4, attention="softmax")
     assert parse_args([])["overrides"] == {} and parse_args([])["config"] == ("ref",)
-    assert parse_args(["--batch_size=0"])["overrides"] == {}          # 0: the configuration's
+    for bad in ("--batch_size=0", "--batch_size=-2"):    # unset is the configuration's; 0 is refused
+        with pytest.raises(SettingsError, match="--batch_size must be >= 1"):
+            parse_args([bad])
     with pytest.raises(SettingsError, match="needs a value"):
         parse_args(["--n_layer"])
 
