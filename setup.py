@@ -15,5 +15,6 @@ setup(
         "gpu": ["cupy"],            # or the cupy-cudaXXx wheel matching your CUDA
         "plot": ["matplotlib"],
         "test": ["pytest"],
+        "mpi": ["mpi4py>=4.1", "mpich"],   # data parallelism over processes; mpich's wheel brings mpiexec
     },
 )
