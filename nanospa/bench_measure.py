@@ -15,8 +15,9 @@ Model FLOPs per step (forward + backward = 3 x forward, as in PaLM's MFU):
     FLOPs = B T (6 N + 12 L T C)           6 N: a multiply-add per weight, 3 passes;
                                            12 L T C: Q K^T and P V, 2 T C each per token and
                                            layer forward, times 3; the full T x T square is
-                                           counted (both nanospa and PyTorch eager compute it;
-                                           counting only the causal half would give 6 L T C)
+                                           counted (dense attention computes it; blockwise
+                                           attention and SDPA skip most of the masked half, so
+                                           their MFU at long T is overstated up to 2x there)
 
 Elementwise work, softmax, the loss and the optimiser are not counted.
 
@@ -24,12 +25,14 @@ Not here: settings, threads and the run of one configuration (bench.py), peak me
 (bench_memory.py), the printed report (bench_report.py), the PyTorch model (bench_torch.py).
 """
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
 from . import backend
 from .config import GPTConfig
 from .optim import AdamW
+from .signal.attn_bias import bias_block
 from .tensor import sharded_backward
 
 # name -> (GPTConfig fields, batch size). "ref" is the reference configuration of the README.
@@ -38,6 +41,9 @@ CONFIGS = {
     "ref512": (dict(vocab_size=256, block_size=256, n_layer=12, n_head=4, n_embd=512), 8),
     "gpu": (dict(vocab_size=256, block_size=512, n_layer=12, n_head=8, n_embd=512), 32),
     "tiny": (dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32), 2),
+    # long context (vary --block_size from 256 to 8192): width 64, depth 8, one sequence
+    "long": (dict(vocab_size=256, block_size=2048, n_layer=8, n_head=4, n_embd=64), 1),
+    "long8k": (dict(vocab_size=256, block_size=8192, n_layer=8, n_head=4, n_embd=64), 1),
 }
 ARCH = dict(attention="espa", activation="tat_lrelu", residual="none", norm="none", pos="none")
 OPTIM = dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)  # nanoGPT-like; same in both frameworks
@@ -91,14 +97,51 @@ class NanospaStep:
         return time.perf_counter() - t
 
 
+class _DenseBiasState(Mapping):
+    """model.state_dict() plus, for every blockwise SPA block (which keeps only B_l's O(T)
+    parts), its dense tril(B_l) under the dense model's key blocks.i.attn.B, in the model's
+    dtype: what bench_torch.TorchGPT reads. Generated when asked for, one layer at a time,
+    so PyTorch's peak memory counts its own (T, T) biases but no second copy of them."""
+
+    def __init__(self, model):
+        self.state = model.state_dict()
+        T, dt = model.config.block_size, model.config.dtype
+        self.made = {f"blocks.{i}.attn.B": (lambda a=b.attn: np.tril(bias_block(a.bias_parts, 0, T, 0, T, dt)))
+                     for i, b in enumerate(model.blocks) if b.attn.bias_parts is not None}
+
+    def __getitem__(self, key):
+        return self.made[key]() if key in self.made else self.state[key]
+
+    def __iter__(self):
+        return iter([*self.state, *self.made])
+
+    def __len__(self):
+        return len(self.state) + len(self.made)
+
+
+class _YardstickView:
+    """A nanospa model as bench_torch.TorchGPT reads it (config, activation, parameters and
+    a state dict with dense B_l, _DenseBiasState)."""
+
+    def __init__(self, model):
+        self.model, self.config, self.activation = model, model.config, model.activation
+
+    def named_parameters(self):
+        return self.model.named_parameters()
+
+    def state_dict(self):
+        return _DenseBiasState(self.model)
+
+
 class TorchStep:
-    """The same step of the PyTorch yardstick (bench_torch.TorchGPT)."""
+    """The same step of the PyTorch yardstick (bench_torch.TorchGPT), with the model's B_l
+    as dense (T, T) biases (a blockwise nanospa model generates them for it)."""
     name = "pytorch"
 
     def __init__(self, torch, model, idx, targets, device, sdpa=False):
         from .bench_torch import TorchGPT
         self.torch, self.device = torch, device
-        self.model = TorchGPT(model, device=device, sdpa=sdpa)
+        self.model = TorchGPT(_YardstickView(model), device=device, sdpa=sdpa)
         self.opt = torch.optim.AdamW(self.model.param_groups(model, OPTIM["weight_decay"]),
                                      lr=OPTIM["lr"], betas=OPTIM["betas"])
         self.idx = torch.as_tensor(idx, device=device)
