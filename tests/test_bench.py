@@ -17,7 +17,7 @@ import pytest
 
 from nanospa import GPTConfig, backend
 from nanospa.bench import DEFAULTS, MODEL_KEYS, main, parse_args
-from nanospa.bench_measure import model_flops
+from nanospa.bench_measure import CONFIGS, model_flops
 from nanospa.settings import SettingsError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,8 @@ def test_bench_command_runs_on_a_tiny_configuration():
 
 def test_bench_rejects_unknown_configuration(capsys):
     assert main(["--config=huge"]) == 2
-    assert capsys.readouterr().err == "error: unknown configuration 'huge'; choose among ref, ref512, gpu, tiny\n"
+    names = ", ".join(CONFIGS)                               # every configuration the benchmark has
+    assert capsys.readouterr().err == f"error: unknown configuration 'huge'; choose among {names}\n"
 
 
 @pytest.mark.parametrize("argv, message", [
