@@ -8,9 +8,10 @@
                               before any collective)
     shard(x)                  this rank's contiguous slice of a global batch (axis 0)
     allreduce_grads(params)   every p.grad <- the mean over ranks, in flat buckets, fixed order
-    mean(v), any(flag), bcast(obj), barrier(), in_sync(arrays)
+    mean(v), max(i), any(flag), bcast(obj), barrier(), in_sync(arrays)
     use_device(device)        "cuda": this rank's GPU (by its rank on the machine) and NCCL
     run(main), exit(status)   the end of a job: one failing rank must not leave others hanging
+    run(main)                 (module level) world().run(main), a missing mpi4py as one line
 
 The same run, faster (docs/distributed.md). Every rank draws the same global batch of B
 sequences from the same seeded generator and trains on its contiguous slice of B / N. A
@@ -89,6 +90,17 @@ def buckets(params, limit_bytes=BUCKET_BYTES):
 
 
 _world = None
+
+
+def run(main, *args):
+    """sys.exit(run(main)): main(*args) -> exit status, in this process's World (see
+    World.run); a World that cannot be made (mpi4py missing) is a one-line error, status 2."""
+    try:
+        w = world()
+    except DistributedError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    return w.run(main, *args)
 
 
 def world():
@@ -205,13 +217,18 @@ class World:
         self._reduce(buf, self._MPI.SUM)
         return float(buf[0]) / self.size
 
-    def any(self, flag):
-        """True on every rank when ``flag`` is true on some rank (Ctrl-C: all stop at one step)."""
+    def max(self, value):
+        """The largest of the ranks' integers: a signal number that reached some rank (0 for
+        none), so that all ranks stop after the same step."""
         if self.comm is None:
-            return bool(flag)
-        buf = np.array([bool(flag)], np.int32)
+            return int(value)
+        buf = np.array([value], np.int64)
         self._reduce(buf, self._MPI.MAX)
-        return bool(buf[0])
+        return int(buf[0])
+
+    def any(self, flag):
+        """True on every rank when ``flag`` is true on some rank."""
+        return self.max(bool(flag)) > 0
 
     def bcast(self, obj):
         """Rank 0's ``obj`` on every rank (pickled: small things, a state_dict once)."""

@@ -98,7 +98,7 @@ def test_single_process_world_is_the_identity():
     p.grad = g = np.arange(3.0)
     w.allreduce_grads([p])
     assert p.grad is g
-    assert w.mean(2.5) == 2.5 and w.any(True) and not w.any(False)
+    assert w.mean(2.5) == 2.5 and w.max(3) == 3 and w.any(True) and not w.any(False)
     assert w.bcast({"a": 1}) == {"a": 1} and w.in_sync([x]) and w.exit(2) == 2
 
 
@@ -133,6 +133,7 @@ def test_launched_without_mpi4py_is_a_one_line_error(monkeypatch):
     monkeypatch.setenv("PMI_SIZE", "2")
     with pytest.raises(DistributedError, match=r"one of 2 processes, but mpi4py is not installed: pip install"):
         distributed.world()
+    assert distributed.run(lambda: 0) == 2                 # train.py's sys.exit(distributed.run(main))
     monkeypatch.setenv("PMI_SIZE", "1")                    # mpiexec -n 1 without mpi4py: one process
     assert distributed.world().size == 1
 
