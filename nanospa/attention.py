@@ -39,7 +39,7 @@ from .fused import causal_mask
 from .tensor import Function
 
 AUTO_BLOCK = 256        # block 0: min(T, AUTO_BLOCK) rows and columns per block
-AUTO_DENSE_MAX_T = 512  # attention_impl "auto": the dense reference up to this block_size
+AUTO_DENSE_MAX_T = 256  # attention_impl "auto": the dense reference up to this block_size
 
 
 def implementation(impl, T):

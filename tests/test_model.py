@@ -236,3 +236,16 @@ def test_logit_bias_is_cached_per_length_and_follows_a_new_B():
     assert new is not bias
     np.testing.assert_allclose(new.data[np.tril_indices(4)], bias.data[np.tril_indices(4)] + 1.0, rtol=1e-15)
     assert GPT(tiny(attention="softmax")).blocks[0].attn.logit_bias(4) == (None, True)
+
+
+def test_attention_implementation_follows_the_config():
+    """auto: the dense reference up to attention.AUTO_DENSE_MAX_T positions, blockwise above
+    (a SPA block then keeps B_l's O(T) parts and no (T, T) buffer); dense and blockwise as set."""
+    from nanospa.attention import AUTO_DENSE_MAX_T
+    short, long_ = (GPT(tiny(attention="espa", block_size=T)) for T in (AUTO_DENSE_MAX_T, AUTO_DENSE_MAX_T + 1))
+    assert short.blocks[0].attn.impl == "dense" and short.blocks[0].attn.B.shape == (AUTO_DENSE_MAX_T,) * 2
+    assert long_.blocks[0].attn.impl == "blockwise" and not hasattr(long_.blocks[0].attn, "B")
+    assert long_.blocks[0].attn.bias_parts["kind"] == "espa"
+    forced = GPT(tiny(attention="uspa", attention_impl="dense", block_size=AUTO_DENSE_MAX_T + 1))
+    assert forced.blocks[1].attn.impl == "dense" and forced.blocks[1].attn.bias_parts is None
+    assert GPT(tiny(attention="softmax", attention_impl="blockwise")).blocks[0].attn.impl == "blockwise"
