@@ -17,8 +17,9 @@ Per layout it reports
     pure all-reduce the gradients' all-reduce alone, no compute: the bus bandwidth
                     2 (N-1)/N * G / t of the machine, G = gradient bytes
 
-and the cost model of docs/distributed.md, t(N) = t(1x1) / N + 2 (N-1)/N * G / bandwidth,
-with the measured pure-all-reduce bandwidth, against the measured 2-rank step.
+and the cost model of docs/distributed.md, t(N) = t_compute(1x1) / N + t_optimiser +
+2 (N-1)/N * G / bandwidth, with the measured pure-all-reduce bandwidth, against the
+measured multi-rank step, term by term.
 
 BLAS is single-threaded in every layout (the threads are nanospa's batch slices). Not here:
 the collectives (distributed.py), the single-process benchmark with MFU and PyTorch (bench.py).
@@ -138,14 +139,20 @@ def summarise(records):
 
 
 def cost_model(summary):
-    """t(N) = t(1x1) / N + 2 (N-1)/N G / bandwidth for each multi-rank layout, bandwidth the
-    pure all-reduce's bus bandwidth: -> {layout: (predicted s, measured s)}."""
+    """The model t(N) = t_compute(1x1) / N + t_optimiser + 2 (N-1)/N G / bandwidth for each
+    multi-rank layout, against its measurement, term by term; bandwidth is the layout's pure
+    all-reduce bus bandwidth, t_optimiser the 1x1 step less its compute. -> {layout: dict}."""
     one = next((v for v in summary.values() if v["ranks"] == 1 and v["threads"] == 1), None)
     checks = {}
     for name, v in summary.items():
         if one and v["ranks"] > 1 and v["bus_bandwidth"]:
             n = v["ranks"]
-            checks[name] = (one["step_s"] / n + 2 * (n - 1) / n * v["grad_bytes"] / v["bus_bandwidth"], v["step_s"])
+            parts = dict(compute=one["compute_s"] / n, optimiser=one["step_s"] - one["compute_s"],
+                         allreduce=2 * (n - 1) / n * v["grad_bytes"] / v["bus_bandwidth"])
+            measured = dict(compute=v["compute_s"], optimiser=v["step_s"] - v["compute_s"] - v["wait_s"] - v["allreduce_s"],
+                            allreduce=v["allreduce_s"], wait=v["wait_s"])
+            checks[name] = dict(predicted=parts, measured=measured, predicted_step_s=sum(parts.values()),
+                                measured_step_s=v["step_s"])
     return checks
 
 
@@ -158,9 +165,13 @@ def report(summary, checks):
                      f"{v['pure_allreduce_s']:.4f} | {v['bus_bandwidth'] / 1e9:.2f}")
     any_v = next(iter(summary.values()))
     lines.append(f"gradient: {any_v['params']:,} parameters, {any_v['grad_bytes']:,} bytes per step")
-    for name, (pred, meas) in checks.items():
-        lines.append(f"cost model {name}: predicted {pred:.3f} s/step (t(1x1)/N + 2(N-1)/N G / bus bandwidth), "
-                     f"measured {meas:.3f} s ({100 * (meas / pred - 1):+.0f}%)")
+    for name, c in checks.items():
+        p, m = c["predicted"], c["measured"]
+        lines.append(f"cost model {name}: predicted {c['predicted_step_s']:.3f} s/step = compute {p['compute']:.3f} "
+                     f"+ optimiser {p['optimiser']:.3f} + all-reduce {p['allreduce']:.4f}; measured "
+                     f"{c['measured_step_s']:.3f} = compute {m['compute']:.3f} + optimiser {m['optimiser']:.3f} + "
+                     f"all-reduce {m['allreduce']:.4f} + wait {m['wait']:.3f} "
+                     f"({100 * (c['measured_step_s'] / c['predicted_step_s'] - 1):+.0f}%)")
     return "\n".join(lines)
 
 

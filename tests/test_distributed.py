@@ -255,10 +255,13 @@ def test_nccl_on_one_gpu_trains_as_the_cpu(tmp_path):
 
 def test_cost_model_is_compute_over_n_plus_ring_all_reduce():
     from nanospa.distributed_bench import cost_model
-    summary = {"1x1": dict(ranks=1, threads=1, step_s=2.0, bus_bandwidth=0.0, grad_bytes=4e8),
-               "4x1": dict(ranks=4, threads=1, step_s=0.9, bus_bandwidth=1e9, grad_bytes=4e8)}
-    predicted, measured = cost_model(summary)["4x1"]
-    assert predicted == pytest.approx(2.0 / 4 + 2 * 3 / 4 * 4e8 / 1e9) and measured == 0.9
+    summary = {"1x1": dict(ranks=1, threads=1, step_s=2.1, compute_s=2.0, bus_bandwidth=0.0, grad_bytes=4e8),
+               "4x1": dict(ranks=4, threads=1, step_s=1.3, compute_s=0.6, wait_s=0.05, allreduce_s=0.5,
+                           bus_bandwidth=1e9, grad_bytes=4e8)}
+    c = cost_model(summary)["4x1"]
+    assert c["predicted"] == pytest.approx(dict(compute=2.0 / 4, optimiser=0.1, allreduce=2 * 3 / 4 * 4e8 / 1e9))
+    assert c["predicted_step_s"] == pytest.approx(0.5 + 0.1 + 0.6) and c["measured_step_s"] == 1.3
+    assert c["measured"] == pytest.approx(dict(compute=0.6, optimiser=0.15, allreduce=0.5, wait=0.05))
 
 
 @needs_mpi
