@@ -56,15 +56,15 @@ from nanospa import backend
 from nanospa.checkpoint import (NotFiniteError, check_same_data, check_same_model, data_identity, load_checkpoint,
                                 restore, save_checkpoint, training_state)
 from nanospa.config import GPTConfig
-from nanospa.measure import measured_kernels
+from nanospa.measure import layer_stats, measured_kernels, show
 from nanospa.model import GPT
 from nanospa.optim import AdamW, clip_grad_norm, cosine_lr
 from nanospa.rundir import Interrupts, RunFiles, RunLock, check_run_dir, heal_log, held_files
 from nanospa.settings import (EXIT_SIGNAL_BASE, SettingsError, help_text, parse_settings, run_command,
                               source_notes, wants_help)
-from nanospa.signal import mean_offdiag, normalised_kernel, q_values
 from nanospa.signal.table import predicted_kernels  # averaged over the probe's own sequences
 from nanospa.tensor import no_grad, sharded_backward
+from nanospa import distributed
 
 # ----------------------------------------------------------------------------- defaults
 # Each key is a --key=value setting; the comment beside it is its --help line. Every
@@ -119,8 +119,6 @@ DEFAULTS = {**TRAIN_DEFAULTS, **{f.name: f.default for f in fields(GPTConfig)
 EVAL_SEED = 1234       # the fixed evaluation batches do not depend on --seed, so runs compare
 PROBE_ROWS = 4         # sequences of the fixed batch on which the signal statistics are measured
 MAX_AUTO_THREADS = 4   # --threads=0: one per core, at most this many (see cpu_threads)
-STAT_DECIMALS = 6      # log.jsonl keeps cos[l] and q[l] to this many decimals
-SHOWN_LAYERS = 12      # the printed statistics show about this many layers (log.jsonl has all)
 
 
 class Diverged(RuntimeError):
@@ -180,21 +178,23 @@ def train(argv):
     out_dir (RunLock: RunDirError naming the owner), SIGINT and SIGTERM handled from the start."""
     s = parse_args(argv, DEFAULTS)
     check_run_dir(s["out_dir"])                      # a file or a folder where one is expected: refused now
-    with Interrupts() as stop, nullcontext() if s["eval_only"] else RunLock(s["out_dir"]) as lock:
+    world = distributed.world()                      # size 1 without mpiexec: every call below is a no-op
+    lock_out_dir = nullcontext() if s["eval_only"] or not world.is_main else RunLock(s["out_dir"])
+    with Interrupts() as stop, lock_out_dir as lock:
         for note in lock.notes if lock else []:       # eval_only reads and writes nothing: no lock
             print(note, file=sys.stderr)
-        return run(argv, s, stop)
+        return run(argv, s, stop, world)
 
 
-def run(argv, s, stop):
+def run(argv, s, stop, world):
     # -- overrides (on resume: the checkpoint's settings, then the command line's)
     out_dir = s["out_dir"]
-    files = RunFiles(out_dir)                         # ckpt.npz and log.jsonl
+    files = RunFiles(out_dir, writer=world.is_main)   # ckpt.npz and log.jsonl; rank 0 writes them
     ckpt_path, log_path = files.ckpt, files.log_path
     explicit = {a[2:].partition("=")[0] for a in argv}
     ckpt, start = None, 0
     if s["init_from"] == "resume":
-        ckpt = load_checkpoint(ckpt_path)
+        ckpt = world.bcast(load_checkpoint(ckpt_path) if world.is_main else None)  # rank 0 reads it
         saved = {k: v for k, v in ckpt["settings"].items() if k in DEFAULTS and k not in PER_RUN}
         s = parse_args(argv, {**DEFAULTS, **saved, "out_dir": out_dir})
         check_same_model(s, saved, MODEL_KEYS)
@@ -202,6 +202,9 @@ def run(argv, s, stop):
     check_settings(s, explicit, "from the checkpoint" if ckpt else "the default")
     cfg = GPTConfig(vocab_size=VOCAB_SIZE, **{k: s[k] for k in MODEL_KEYS})  # ValueError names a bad field
     B, T = s["batch_size"], s["block_size"]
+    world.check_batch(B)                              # one line on every rank, before any collective
+    if not world.is_main:
+        sys.stdout = open(os.devnull, "w")            # rank 0 alone prints; errors still reach stderr
     if not s["eval_only"]:
         held = held_files(out_dir)
         if not ckpt and held and not s["overwrite"]:
@@ -223,8 +226,9 @@ def run(argv, s, stop):
               f"--lr_decay_iters={s['max_iters']} stretches it instead")
 
     # -- backend and seed
+    world.use_device(s["device"])                     # cuda: the GPU of this local rank, NCCL
     backend.use(s["device"])                          # DeviceError without CuPy or a GPU
-    backend.set_threads(cpu_threads(s["threads"], B) if s["device"] == "cpu" else 1)
+    backend.set_threads(cpu_threads(s["threads"], B // world.size) if s["device"] == "cpu" else 1)
     rng = np.random.default_rng(s["seed"])            # training batches; saved in checkpoints
 
     # -- data
@@ -243,7 +247,7 @@ def run(argv, s, stop):
     model = GPT(cfg, seed=s["seed"])                  # ValueError: e.g. an unreachable activation target
     # A checkpoint's arrays are C-ordered; some fresh weights are not (orthogonal init). Loading
     # either way gives both runs the same memory layout, so BLAS repeats the same roundings.
-    model.load_state_dict(model.state_dict())
+    model.load_state_dict(world.bcast(model.state_dict()))   # rank 0's weights on every rank
     print(f"model: {model.num_params():,} parameters; L={cfg.n_layer} H={cfg.n_head} C={cfg.n_embd} T={T}; "
           f"attention={cfg.attention} activation={cfg.activation} residual={cfg.residual} "
           f"norm={cfg.norm} pos={cfg.pos} {cfg.dtype} on {s['device']}"
@@ -271,7 +275,7 @@ def run(argv, s, stop):
     # -- estimate_loss on the fixed batches, plus the per-layer signal statistics (method §13)
     def estimate_loss():
         with no_grad():
-            loss = {split: float(np.mean([model(x, y)[1].item() for x, y in batches]))
+            loss = {split: world.mean(np.mean([model(world.shard(x), world.shard(y))[1].item() for x, y in batches]))
                     for split, batches in eval_sets.items()}
         kernels = measured_kernels(model, probe)["hidden"]  # L+1 batch-mean kernels (T, T)
         return dict(val_loss=loss["val"], eval_train_loss=loss["train"], **layer_stats(kernels))
@@ -280,7 +284,8 @@ def run(argv, s, stop):
     kept, notes = 0, []
     if not s["eval_only"]:
         stop.arm()                                    # from here on a signal saves the state first
-        kept, notes = heal_log(log_path, start) if ckpt else (0, [])
+        kept, notes = heal_log(log_path, start) if ckpt and world.is_main else (0, [])
+        kept = world.bcast(kept)                      # whether to evaluate now must agree (a collective)
     for note in notes:
         print(note, file=sys.stderr)
     ev = None
@@ -303,9 +308,10 @@ def run(argv, s, stop):
         except NotFiniteError as e:
             raise Diverged(f"{e}; stopped. Last good checkpoint: {files.last_good()}") from None
 
-    if not ckpt:
+    if not ckpt and world.is_main:
         for name in held_files(out_dir):             # --overwrite=True: the old run goes now, not before
             os.remove(os.path.join(out_dir, name))
+    if not ckpt:
         save(0, None)
     files.open()
     if ev is not None and start == 0:                 # iter 0: the model at init
@@ -315,16 +321,17 @@ def run(argv, s, stop):
     # -- the loop: forward, backward, clip, step, zero_grad; log, evaluate, checkpoint
     params, tokens, t0, n, record = model.parameters(), 0, time.perf_counter(), start, {}
     bar = tqdm(range(start, s["max_iters"] if stop.signum is None else start), initial=start,
-               total=s["max_iters"], dynamic_ncols=True)
+               total=s["max_iters"], dynamic_ncols=True, disable=not world.is_main)
     try:
         for it in bar:
             lr = optimizer.lr = get_lr(it)
             x, y = get_batch(ds.train, B, T, rng)     # (B, T) int64 each
             # loss.backward(), over slices of the batch on the worker threads (one slice with
             # one thread); the slices' gradients are added in a fixed order: deterministic.
-            loss = sharded_backward(lambda xs, ys: model(xs, ys)[1], x, y)
+            loss = sharded_backward(lambda xs, ys: model(xs, ys)[1], world.shard(x), world.shard(y))
+            world.allreduce_grads(params)             # the global-batch mean gradient, on every rank
             norm = clip_grad_norm(params, s["grad_clip"])
-            value = loss.item()                       # a device sync, like the norm above
+            value = world.mean(loss.item())           # the global batch's loss
             if not (math.isfinite(value) and math.isfinite(norm)):
                 raise Diverged(f"non-finite loss or gradient at iter {it + 1} (loss {value}, gradient "
                                f"norm {norm}); stopped. Last good checkpoint: {files.last_good()}")
@@ -347,23 +354,26 @@ def run(argv, s, stop):
                 tokens, t0 = 0, time.perf_counter()   # evaluation time is not training time
 
             # -- checkpoint: the state after the update, checked finite, once the log it covers is on disk
-            if n % s["checkpoint_interval"] == 0 or n == s["max_iters"] or stop.signum is not None:
+            stop_signum = world.max(stop.signum or 0)  # a signal that reached any rank stops all here
+            if n % s["checkpoint_interval"] == 0 or n == s["max_iters"] or stop_signum:
                 save(n, value)
-            if stop.signum is not None:
+            if stop_signum:
+                stop.signum = stop_signum
                 break
     finally:
         bar.close()
         files.close()
     if stop.signum is not None:
-        print(f"{signal.Signals(stop.signum).name}: stopped at iter {n}, checkpoint saved to {ckpt_path}; "
-              f"continue with {files.resume}", file=sys.stderr)
+        if world.is_main:
+            print(f"{signal.Signals(stop.signum).name}: stopped at iter {n}, checkpoint saved to {ckpt_path}; "
+                  f"continue with {files.resume}", file=sys.stderr)
         return EXIT_SIGNAL_BASE + stop.signum
     print(f"done: iter {n}" + (f", train {record['eval_train_loss']:.4f}, val {record['val_loss']:.4f} (best "
                                f"{best_val:.4f})" if n > start and "val_loss" in record else "")
           + f"; checkpoint {files.last_good()}, log {log_path}")
 
     # -- sample
-    if s["sample_tokens"]:
+    if s["sample_tokens"] and world.is_main:
         prompt = encode(s["start"])[None, :]          # (1, t)
         out = model.generate(prompt, s["sample_tokens"], temperature=s["temperature"],
                              top_k=s["top_k"] or None, rng=np.random.default_rng(s["seed"]))
@@ -383,20 +393,6 @@ def cpu_threads(requested, batch_size):
     return min(requested, batch_size)
 
 
-def layer_stats(kernels):
-    """Per-layer mean off-diagonal cosine and mean q-value of kernels Sigma_l (T, T)."""
-    cos = [mean_offdiag(normalised_kernel(S)) if np.all(np.diag(S) > 0) else math.nan for S in kernels]
-    return dict(cos=[round(v, STAT_DECIMALS) for v in cos],
-                q=[round(float(q_values(S).mean()), STAT_DECIMALS) for S in kernels])
-
-
-def show(stats):
-    """Per-layer cos and q on one line, about SHOWN_LAYERS layers (log.jsonl has them all)."""
-    step = max(1, len(stats["cos"]) // SHOWN_LAYERS)
-    return (f"cos[0::{step}] " + " ".join(f"{v:.2f}" for v in stats["cos"][::step]) +
-            f" | q[0::{step}] " + " ".join(f"{v:.2g}" for v in stats["q"][::step]))
-
-
 def main(argv=None):
     """-> the exit status: 0 done, 1 diverged, 2 bad input or environment (one error: line),
     128 + N after signal N (see the module docstring)."""
@@ -412,4 +408,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(distributed.run(main))

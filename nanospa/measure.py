@@ -4,17 +4,19 @@ wide limit, measured at finite width (docs/method.md §13).
     token_batch(cfg, batch, tokens, data, seed)   (batch, T) ids: distinct tokens or text
     measure_config(cfg, width)                     the same model at width `width`, float64
     measured_kernels(model, idx)                   batch-mean kernels of every block output
+    layer_stats(kernels), show(stats)              their per-layer cosine and q, as train.py logs them
 
 Here, above nanospa/signal/, because it builds a GPT and reads data; signal/ itself never
 imports the model. Used by `python -m nanospa.signal --empirical=True`, the fig1 and budget
 experiments and the tests of the predictions.
 """
+import math
 from dataclasses import replace
 
 import numpy as np
 
 from .model import GPT
-from .signal import kernel_matrix
+from .signal import kernel_matrix, mean_offdiag, normalised_kernel, q_values
 
 TOKENS = ("distinct", "data")
 
@@ -59,3 +61,22 @@ def measured_model_kernels(cfg, idx, seed=0):
     """[Sigma_0, ..., Sigma_L] measured on GPT(cfg, seed) at init (cfg as given: set n_embd
     and dtype first, e.g. with measure_config)."""
     return measured_kernels(GPT(cfg, seed=seed), idx)["hidden"]
+
+
+STAT_DECIMALS = 6      # log.jsonl keeps cos[l] and q[l] to this many decimals
+SHOWN_LAYERS = 12      # the printed statistics show about this many layers (log.jsonl has all)
+
+
+def layer_stats(kernels):
+    """Per-layer mean off-diagonal cosine and mean q-value of kernels Sigma_l (T, T), the
+    rank-collapse watch train.py logs (docs/method.md §13)."""
+    cos = [mean_offdiag(normalised_kernel(S)) if np.all(np.diag(S) > 0) else math.nan for S in kernels]
+    return dict(cos=[round(v, STAT_DECIMALS) for v in cos],
+                q=[round(float(q_values(S).mean()), STAT_DECIMALS) for S in kernels])
+
+
+def show(stats):
+    """Per-layer cos and q on one line, about SHOWN_LAYERS layers (log.jsonl has them all)."""
+    step = max(1, len(stats["cos"]) // SHOWN_LAYERS)
+    return (f"cos[0::{step}] " + " ".join(f"{v:.2f}" for v in stats["cos"][::step]) +
+            f" | q[0::{step}] " + " ".join(f"{v:.2g}" for v in stats["q"][::step]))

@@ -358,11 +358,13 @@ class Log:
 
 class RunFiles:
     """The two files of a run in out_dir, written in the order that keeps them consistent: the
-    log records up to iteration n reach the disk before the checkpoint of n is written."""
+    log records up to iteration n reach the disk before the checkpoint of n is written.
+    writer=False (every rank but 0 of a data-parallel run) makes open, write, save and close
+    do nothing: one process writes a run's files."""
 
-    def __init__(self, out_dir, saved_iter=None):
+    def __init__(self, out_dir, saved_iter=None, writer=True):
         self.ckpt, self.log_path = os.path.join(out_dir, CKPT_FILE), os.path.join(out_dir, LOG_FILE)
-        self.saved_iter, self.log = saved_iter, None
+        self.saved_iter, self.log, self.writer = saved_iter, None, writer
         self.resume = f"python train.py --init_from=resume --out_dir={out_dir}"
 
     def last_good(self):
@@ -373,10 +375,13 @@ class RunFiles:
                            f"checkpoint {self.last_good()} is intact: make room, then {self.resume}")
 
     def open(self):
-        self.log = Log(self.log_path)
+        if self.writer:
+            self.log = Log(self.log_path)
 
     def write(self, record, sync=False):
         """Append a record (None: none) to the log; sync: fsync it, before a checkpoint."""
+        if self.log is None:
+            return
         try:
             if record:
                 self.log.write(record)
@@ -387,6 +392,8 @@ class RunFiles:
 
     def save(self, n, write_checkpoint):
         """write_checkpoint(path) for the state after n steps, once the log is on disk."""
+        if not self.writer:
+            return
         if self.log is not None:
             self.write(None, sync=True)
         try:

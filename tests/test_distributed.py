@@ -277,3 +277,46 @@ def test_benchmark_measures_ranks_and_threads_side_by_side():
     assert s["1x2"]["allreduce_s"] < 1e-4 and s["1x2"]["threads"] == 2     # one process: nothing to reduce
     assert s["1x1"]["grad_bytes"] == 4 * s["1x1"]["params"]                  # float32 gradients
     assert list(res["cost_model"]) == ["2x1"]
+
+
+# ------------------------------------------------------------------ train.py itself under mpiexec
+
+TRAIN = [str(ROOT / "train.py"), "--dtype=float64", "--n_layer=2", "--n_embd=16", "--n_head=2",
+         "--block_size=16", "--batch_size=4", "--max_iters=6", "--eval_interval=3", "--eval_iters=2",
+         "--log_interval=1", "--checkpoint_interval=3", "--sample_tokens=0", "--threads=1", "--warmup_iters=2"]
+
+
+def run_train(n, out_dir, *args, timeout=2 * FAULT_BOUND_S):
+    cmd = ([MPIEXEC, "-n", str(n)] if n else []) + [sys.executable, *TRAIN, f"--out_dir={out_dir}", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
+
+
+def log_losses(out_dir):
+    records = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+    return [r["train_loss"] for r in records], [r["val_loss"] for r in records if "val_loss" in r]
+
+
+@needs_mpi
+def test_train_py_on_two_ranks_is_the_one_process_run(tmp_path):
+    """mpiexec -n 2 python train.py: the same float64 run as one process (batch_size is the
+    global batch), one log and one checkpoint written by rank 0, and a resume under N = 1."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    p1, p2 = run_train(0, one), run_train(2, two)
+    assert p1.returncode == 0, p1.stderr
+    assert p2.returncode == 0, p2.stderr
+    (t1, v1), (t2, v2) = log_losses(one), log_losses(two)
+    np.testing.assert_allclose(t2, t1, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(v2, v1, rtol=RTOL, atol=0)
+    assert p2.stdout.count("done: iter 6") == 1                   # rank 0 alone prints
+    assert sorted(f.name for f in two.iterdir() if not f.name.startswith(".")) == \
+        sorted(f.name for f in one.iterdir() if not f.name.startswith("."))
+    p3 = run_train(0, two, "--init_from=resume", "--max_iters=6")
+    assert p3.returncode == 0 and "nothing to do" in (p3.stdout + p3.stderr).lower(), p3.stderr
+
+
+@needs_mpi
+def test_train_py_indivisible_batch_is_one_line_on_every_rank(tmp_path):
+    p = run_train(2, tmp_path / "out", "--batch_size=3")
+    assert p.returncode == 2
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert lines and all(l.startswith("error:") for l in lines) and "batch_size" in p.stderr
