@@ -149,7 +149,9 @@ def source_notes(*paths):
 
 def fail(error):
     """Print `error: MESSAGE` on one line of stderr; -> the exit status for bad input."""
-    print("error: " + " ".join(str(error).split()), file=sys.stderr)
+    # one write of the whole line: under mpiexec the ranks' lines must not interleave
+    sys.stderr.write("error: " + " ".join(str(error).split()) + "\n")
+    sys.stderr.flush()
     return EXIT_BAD_INPUT
 
 
