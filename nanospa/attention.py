@@ -25,7 +25,11 @@ Backward recomputes P = exp(S - lse) block by block, with Delta = rowsum(dY * Y)
     dQ_I += scale dS K_J;   dK_J += scale dS^T Q_I;   dB[I, J] += sum over batch, heads of dS
 
 Saved: scale Q, K, V, Y and lse, O(B H T D) numbers; each step holds a few (B, H, bq, bk)
-blocks. The bias is either a (T_max, T_max) array input (a trainable B_l, which gets its
+blocks. Called from the main thread with backend.threads() = k > 1, the query blocks (forward)
+and the key blocks (backward) are split into k groups of equal work run on the worker
+threads: the rows of Y and the columns of dK, dV are disjoint, dQ is summed from one partial
+per group in group order, so results do not depend on thread timing; from a worker thread
+(a slice of tensor.sharded_backward) it runs serially. The bias is either a (T_max, T_max) array input (a trainable B_l, which gets its
 gradient; T_max >= T) or a function bias_block(i0, i1, j0, j1) returning that block of a
 constant bias in q's dtype and module (SPA's fixed B_l, generated from its O(T) parts by
 signal.attn_bias.bias_block), or neither (plain softmax). D_l and Value-SkipInit's
@@ -35,6 +39,9 @@ sqrt(tiny) are flushed to 0, as in fused.Softmax: subnormal numbers slow the pro
 Not here: the dense reference (fused.Softmax on the full (T, T) scores, which model.py uses
 at short T and for trace()), where the bias comes from (model.py, nanospa.signal).
 """
+import threading
+
+from . import backend
 from .fused import causal_mask
 from .tensor import Function
 
@@ -59,6 +66,25 @@ def block_size(T, block):
 
 def _blocks(T, n):
     return [(i, min(i + n, T)) for i in range(0, T, n)]
+
+
+def _workers(n_blocks):
+    """Worker threads for one call: backend.threads() from the main thread (a batch of one
+    sequence in train.py or the benchmark leaves the other cores idle otherwise), 1 inside
+    a worker thread (tensor.sharded_backward's slices already use them all)."""
+    if threading.current_thread() is not threading.main_thread():
+        return 1
+    return max(1, min(backend.threads(), n_blocks))
+
+
+def _groups(costs, k):
+    """range(len(costs)) split into k groups of near-equal total cost, the same split for
+    the same arguments (snake order over the costs, largest first), each in ascending order."""
+    groups = [[] for _ in range(k)]
+    for r, i in enumerate(sorted(range(len(costs)), key=lambda i: -costs[i])):
+        turn, pos = divmod(r, k)
+        groups[pos if turn % 2 == 0 else k - 1 - pos].append(i)
+    return [sorted(g) for g in groups if g]
 
 
 def _flush(p, xp):
@@ -88,25 +114,31 @@ class BlockwiseAttention(Function):
         qs = q * q.dtype.type(scale)                                       # (B, H, T, D)
         y = xp.empty_like(qs)
         lse = xp.empty(q.shape[:-1], dtype=q.dtype)                        # (B, H, T)
-        for i0, i1 in _blocks(T, n):
-            m = l = acc = None
-            for j0, j1 in [(i0, i1)] + _blocks(i0, n):                     # diagonal block first
-                s = ctx._scores(qs, k, bias, bias_block, i0, i1, j0, j1)
-                m_new = s.max(axis=-1)                                     # (B, H, bq)
-                if m is not None:
-                    xp.maximum(m_new, m, out=m_new)
-                s -= m_new[..., None]
-                p = _flush(xp.exp(s, out=s), xp)
-                if m is None:
-                    l, acc = p.sum(axis=-1), p @ v[..., j0:j1, :]
-                else:
-                    alpha = xp.exp(m - m_new)                              # (B, H, bq), <= 1
-                    l = l * alpha + p.sum(axis=-1)
-                    acc *= alpha[..., None]
-                    acc += p @ v[..., j0:j1, :]
-                m = m_new
-            y[..., i0:i1, :] = acc / l[..., None]
-            lse[..., i0:i1] = m + xp.log(l)
+        rows = _blocks(T, n)
+
+        def run(group):                        # query blocks of one worker: disjoint rows of y, lse
+            for a in group:
+                i0, i1 = rows[a]
+                m = l = acc = None
+                for j0, j1 in [(i0, i1)] + rows[:a]:                       # diagonal block first
+                    s = ctx._scores(qs, k, bias, bias_block, i0, i1, j0, j1)
+                    m_new = s.max(axis=-1)                                 # (B, H, bq)
+                    if m is not None:
+                        xp.maximum(m_new, m, out=m_new)
+                    s -= m_new[..., None]
+                    p = _flush(xp.exp(s, out=s), xp)
+                    if m is None:
+                        l, acc = p.sum(axis=-1), p @ v[..., j0:j1, :]
+                    else:
+                        alpha = xp.exp(m - m_new)                          # (B, H, bq), <= 1
+                        l = l * alpha + p.sum(axis=-1)
+                        acc *= alpha[..., None]
+                        acc += p @ v[..., j0:j1, :]
+                    m = m_new
+                y[..., i0:i1, :] = acc / l[..., None]
+                lse[..., i0:i1] = m + xp.log(l)
+
+        backend.parallel_map(run, _groups([a + 1 for a in range(len(rows))], _workers(len(rows))))
         ctx.save(qs, k, v, y, lse, bias)
         ctx.scale, ctx.block, ctx.bias_block = scale, n, bias_block
         return y
@@ -116,22 +148,34 @@ class BlockwiseAttention(Function):
         qs, k, v, y, lse, bias = ctx.saved
         T, n = qs.shape[-2], ctx.block
         delta = (g * y).sum(axis=-1)                                       # (B, H, T)
-        dq, dk, dv = xp.zeros_like(qs), xp.zeros(k.shape, qs.dtype), xp.zeros(v.shape, qs.dtype)
+        dk, dv = xp.zeros(k.shape, qs.dtype), xp.zeros(v.shape, qs.dtype)
         dbias = xp.zeros_like(bias) if bias is not None and ctx.needs_grad(3) else None
-        for i0, i1 in _blocks(T, n):
-            g_i = g[..., i0:i1, :]
-            for j0, j1 in _blocks(i1, n):                                  # J <= I
-                s = ctx._scores(qs, k, bias, ctx.bias_block, i0, i1, j0, j1)
-                s -= lse[..., i0:i1, None]
-                p = _flush(xp.exp(s, out=s), xp)                           # P[I, J]
-                dv[..., j0:j1, :] += p.swapaxes(-1, -2) @ g_i
-                ds = g_i @ v[..., j0:j1, :].swapaxes(-1, -2)               # dP
-                ds -= delta[..., i0:i1, None]
-                ds *= p                                                    # dS = P (dP - Delta)
-                dq[..., i0:i1, :] += ds @ k[..., j0:j1, :]
-                dk[..., j0:j1, :] += ds.swapaxes(-1, -2) @ qs[..., i0:i1, :]
-                if dbias is not None:
-                    dbias[i0:i1, j0:j1] += ds.sum(axis=tuple(range(ds.ndim - 2)))
+        cols = _blocks(T, n)
+
+        def run(group):                        # key blocks of one worker: disjoint dK_J, dV_J, dB;
+            dq = xp.zeros_like(qs)             # dQ gets a partial sum per worker
+            for b in group:
+                j0, j1 = cols[b]
+                for i0, i1 in cols[b:]:                                    # I >= J
+                    g_i = g[..., i0:i1, :]
+                    s = ctx._scores(qs, k, bias, ctx.bias_block, i0, i1, j0, j1)
+                    s -= lse[..., i0:i1, None]
+                    p = _flush(xp.exp(s, out=s), xp)                       # P[I, J]
+                    dv[..., j0:j1, :] += p.swapaxes(-1, -2) @ g_i
+                    ds = g_i @ v[..., j0:j1, :].swapaxes(-1, -2)           # dP
+                    ds -= delta[..., i0:i1, None]
+                    ds *= p                                                # dS = P (dP - Delta)
+                    dq[..., i0:i1, :] += ds @ k[..., j0:j1, :]
+                    dk[..., j0:j1, :] += ds.swapaxes(-1, -2) @ qs[..., i0:i1, :]
+                    if dbias is not None:
+                        dbias[i0:i1, j0:j1] += ds.sum(axis=tuple(range(ds.ndim - 2)))
+            return dq
+
+        parts = backend.parallel_map(run, _groups([len(cols) - b for b in range(len(cols))],
+                                                  _workers(len(cols))))
+        dq = parts[0]
+        for part in parts[1:]:                                             # in worker order:
+            dq += part                                                     # no timing dependence
         dq *= qs.dtype.type(ctx.scale)                                     # dk used scale Q already
         return (dq, dk, dv) + ((dbias,) if bias is not None else ())
 

@@ -236,3 +236,37 @@ def test_the_benchmark_yardstick_sees_the_dense_bias_of_a_blockwise_model():
     assert sorted(view) == sorted(dense_state) and len(view) == len(dense_state)
     for k, v in view.items():
         np.testing.assert_array_equal(v, dense_state[k], err_msg=k)
+
+
+def test_worker_threads_split_the_blocks_without_changing_the_result():
+    """From the main thread with backend.threads() = 2 the blocks are split between two
+    workers: Y, dK, dV and the bias gradient are the serial ones bit for bit, dQ (a sum of
+    two partials) to rounding, and two threaded runs agree bit for bit. _groups balances
+    the work (query block a costs a + 1 key blocks) and covers every block once."""
+    from nanospa import backend
+    from nanospa.attention import _groups, _workers
+    rng = np.random.default_rng(10)
+    arrays = [normal(rng, 2, 2, 23, 3) for _ in range(3)] + [normal(rng, 23, 23)]
+
+    def run():
+        ts = [Tensor(a.copy(), requires_grad=True) for a in arrays]
+        y = causal_attention(*ts[:3], SCALE, 4, bias=ts[3])
+        y.backward(np.cos(np.arange(y.size)).reshape(y.shape))
+        return [y.data] + [t.grad for t in ts]
+
+    serial = run()
+    previous = backend.set_threads(2)
+    try:
+        assert _workers(6) == 2 and _workers(1) == 1
+        threaded, again = run(), run()
+    finally:
+        backend.set_threads(previous)
+    for i in (0, 2, 3, 4):
+        np.testing.assert_array_equal(threaded[i], serial[i])
+    np.testing.assert_allclose(threaded[1], serial[1], rtol=0, atol=1e-15)
+    for x, z in zip(threaded, again):
+        np.testing.assert_array_equal(x, z)
+    groups = _groups([a + 1 for a in range(6)], 2)
+    assert sorted(i for g in groups for i in g) == list(range(6))
+    assert [sum(a + 1 for a in g) for g in groups] == [11, 10]
+    assert _groups([1, 1], 4) == [[0], [1]]
