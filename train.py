@@ -337,6 +337,7 @@ def run(argv, s, stop, world):
                                f"norm {norm}); stopped. Last good checkpoint: {files.last_good()}")
             optimizer.step()
             optimizer.zero_grad()
+            model.after_step()                        # schemes with per-step state (nGPT, PRepBN)
             n, tokens = it + 1, tokens + B * T
             tokens_per_s = tokens / (time.perf_counter() - t0)
             bar.set_postfix(loss=f"{value:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:.0f}", refresh=False)

@@ -93,6 +93,7 @@ class NanospaStep:
         sharded_backward(self.loss, self.idx, self.targets)  # loss.backward() with one thread
         self.opt.step()
         self.opt.zero_grad()
+        self.model.after_step()
         backend.synchronize()
         return time.perf_counter() - t
 

@@ -329,6 +329,18 @@ class GPT(Module):
     def num_params(self):
         return sum(p.size for p in self.parameters())
 
+    def after_step(self):
+        """Call once after every optimiser step (train.py and the experiments do): each module
+        with an ``after_step`` method runs it, in module order. The seam for schemes whose
+        state moves with training rather than with gradients (renormalised weights, scheduled
+        mixing coefficients); a model of the paper's variants has none and this does nothing."""
+        def walk(m):
+            if m is not self and hasattr(m, "after_step"):
+                m.after_step()
+            for _, child in m.children():
+                walk(child)
+        walk(self)
+
 
 def _as_index(idx):
     idx = idx.data if isinstance(idx, Tensor) else idx

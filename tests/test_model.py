@@ -249,3 +249,16 @@ def test_attention_implementation_follows_the_config():
     forced = GPT(tiny(attention="uspa", attention_impl="dense", block_size=AUTO_DENSE_MAX_T + 1))
     assert forced.blocks[1].attn.impl == "dense" and forced.blocks[1].attn.bias_parts is None
     assert GPT(tiny(attention="softmax", attention_impl="blockwise")).blocks[0].attn.impl == "blockwise"
+
+
+def test_after_step_calls_each_module_hook_once_in_module_order():
+    from nanospa.config import GPTConfig
+    from nanospa.model import GPT
+    model = GPT(GPTConfig(n_layer=2, n_embd=8, n_head=2, block_size=4, vocab_size=11))
+    calls = []
+    for i, block in enumerate(model.blocks):
+        block.mlp.after_step = lambda i=i: calls.append(i)
+    model.after_step()
+    assert calls == [0, 1]
+    model.after_step()                    # a model without hooks: nothing (and no error)
+    assert calls == [0, 1, 0, 1]

@@ -71,6 +71,7 @@ def train_run(cfg, train_tokens, val_tokens, *, steps, lr, batch_size=8, seed=0,
             break
         opt.step()
         opt.zero_grad()
+        model.after_step()
         if it % log_every == 0 or it == steps - 1:
             history.append((it, value))
         if eval_every and (it + 1) % eval_every == 0:
