@@ -58,7 +58,8 @@ from nanospa.checkpoint import (NotFiniteError, check_same_data, check_same_mode
 from nanospa.config import GPTConfig
 from nanospa.measure import layer_stats, measured_kernels, show
 from nanospa.model import GPT
-from nanospa.optim import AdamW, clip_grad_norm, cosine_lr
+from nanospa.optim import clip_grad_norm, cosine_lr
+from nanospa.optimizers import OPTIMIZER_DEFAULTS, check_optimizer, curvature, make_optimizer
 from nanospa.rundir import Interrupts, RunFiles, RunLock, check_run_dir, heal_log, held_files
 from nanospa.settings import (EXIT_SIGNAL_BASE, SettingsError, help_text, parse_settings, run_command,
                               source_notes, wants_help)
@@ -91,13 +92,13 @@ TRAIN_DEFAULTS = dict(
     n_layer=12,                # transformer blocks (L)
     n_head=4,                  # attention heads (H)
     n_embd=64,                 # width (C)
-    learning_rate=2e-3,        # peak AdamW learning rate
+    learning_rate=2e-3,        # peak learning rate (AdamW's, or K-FAC's with --optimizer=kfac)
     warmup_iters=100,          # linear warm-up steps
     lr_decay_iters=0,          # cosine decay reaches min_lr here, then min_lr; 0 = max_iters of the run's start
     min_lr=2e-4,               # final learning rate
     weight_decay=0.0,          # AdamW decoupled weight decay (never on no_decay parameters)
-    beta1=0.9,                 # AdamW beta1
-    beta2=0.95,                # AdamW beta2
+    beta1=0.9,                 # AdamW beta1 (K-FAC: its Adam fallback's)
+    beta2=0.95,                # AdamW beta2 (K-FAC: its Adam fallback's)
     grad_clip=1.0,             # clip the global gradient norm to this; 0 = off
     sample_tokens=300,         # tokens generated at the end; 0 = no sample
     start="\n",                # prompt of the sample
@@ -114,11 +115,10 @@ PRESETS = {  # --preset=NAME: applied first, so explicit --key=value settings wi
 }
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]  # vocab_size: from the data
 PER_RUN = ("out_dir", "init_from", "overwrite", "new_data", "eval_only", "preset")  # never from a checkpoint
-DEFAULTS = {**TRAIN_DEFAULTS, **{f.name: f.default for f in fields(GPTConfig)
+DEFAULTS = {**TRAIN_DEFAULTS, **OPTIMIZER_DEFAULTS, **{f.name: f.default for f in fields(GPTConfig)
                                  if f.name in MODEL_KEYS and f.name not in TRAIN_DEFAULTS}}
 EVAL_SEED = 1234       # the fixed evaluation batches do not depend on --seed, so runs compare
 PROBE_ROWS = 4         # sequences of the fixed batch on which the signal statistics are measured
-MAX_AUTO_THREADS = 4   # --threads=0: one per core, at most this many (see cpu_threads)
 
 
 class Diverged(RuntimeError):
@@ -157,6 +157,10 @@ def check_settings(s, explicit=(), unset="the default"):
         for key in keys:
             if not ok(s[key]):
                 raise SettingsError(f"{key} must be {what}, got {s[key]!r}")
+    try:
+        check_optimizer(s)                            # --optimizer and the kfac_* settings
+    except ValueError as e:
+        raise SettingsError(str(e)) from None
     if s["min_lr"] > s["learning_rate"]:
         given = lambda k: f"{k}={s[k]!r}" + ("" if k in explicit else f" ({unset})")
         raise SettingsError(f"{given('min_lr')} is above {given('learning_rate')}: the learning rate would "
@@ -166,8 +170,8 @@ def check_settings(s, explicit=(), unset="the default"):
 def usage():
     """The --help screen: every key with its default and the comment beside it, here or in
     GPTConfig's source (marked [GPTConfig])."""
-    notes = source_notes(__file__, sys.modules[GPTConfig.__module__].__file__)
-    notes = {k: notes.get(k, "") + ("" if k in TRAIN_DEFAULTS else " [GPTConfig]") for k in DEFAULTS}
+    notes = source_notes(__file__, sys.modules[GPTConfig.__module__].__file__, sys.modules[make_optimizer.__module__].__file__)
+    notes = {k: notes.get(k, "") + ("" if k in TRAIN_DEFAULTS or k in OPTIMIZER_DEFAULTS else " [GPTConfig]") for k in DEFAULTS}
     return help_text(__doc__.splitlines()[0], DEFAULTS, notes, PRESETS)
 
 
@@ -197,7 +201,7 @@ def run(argv, s, stop, world):
         ckpt = world.bcast(load_checkpoint(ckpt_path) if world.is_main else None)  # rank 0 reads it
         saved = {k: v for k, v in ckpt["settings"].items() if k in DEFAULTS and k not in PER_RUN}
         s = parse_args(argv, {**DEFAULTS, **saved, "out_dir": out_dir})
-        check_same_model(s, saved, MODEL_KEYS)
+        check_same_model(s, saved, MODEL_KEYS + ["optimizer"])
         start = int(ckpt["state"]["iter"])
     check_settings(s, explicit, "from the checkpoint" if ckpt else "the default")
     cfg = GPTConfig(vocab_size=VOCAB_SIZE, **{k: s[k] for k in MODEL_KEYS})  # ValueError names a bad field
@@ -228,7 +232,7 @@ def run(argv, s, stop, world):
     # -- backend and seed
     world.use_device(s["device"])                     # cuda: the GPU of this local rank, NCCL
     backend.use(s["device"])                          # DeviceError without CuPy or a GPU
-    backend.set_threads(cpu_threads(s["threads"], B // world.size) if s["device"] == "cpu" else 1)
+    backend.set_threads(backend.cpu_threads(s["threads"], B // world.size) if s["device"] == "cpu" else 1)
     rng = np.random.default_rng(s["seed"])            # training batches; saved in checkpoints
 
     # -- data
@@ -256,8 +260,8 @@ def run(argv, s, stop, world):
           + f"; activation {model.activation!r}")
 
     # -- optimiser
-    optimizer = AdamW(model.parameters(), lr=s["learning_rate"], betas=(s["beta1"], s["beta2"]),
-                      weight_decay=s["weight_decay"])  # parameters marked no_decay are never decayed
+    optimizer = make_optimizer(s, model, seed=s["seed"], rank=world.rank,     # AdamW or K-FAC (optimizers.py)
+                               allreduce=world.allreduce_grads if world.size > 1 else None)
     best_val = math.inf
     if ckpt:                                          # exact resume: weights, AdamW state, batch RNG, iter
         start, best_val = restore(ckpt, optimizer, rng, model, ckpt_path)
@@ -328,7 +332,9 @@ def run(argv, s, stop, world):
             x, y = get_batch(ds.train, B, T, rng)     # (B, T) int64 each
             # loss.backward(), over slices of the batch on the worker threads (one slice with
             # one thread); the slices' gradients are added in a fixed order: deterministic.
-            loss = sharded_backward(lambda xs, ys: model(xs, ys)[1], world.shard(x), world.shard(y))
+            xs, ys = world.shard(x), world.shard(y)   # this rank's part of the batch
+            loss = sharded_backward(lambda a, b: model(a, b)[1], xs, ys)
+            curvature(optimizer, xs, ys)              # K-FAC: the factors' pass (.grad untouched); AdamW: none
             world.allreduce_grads(params)             # the global-batch mean gradient, on every rank
             norm = clip_grad_norm(params, s["grad_clip"])
             value = world.mean(loss.item())           # the global batch's loss
@@ -383,16 +389,6 @@ def run(argv, s, stop, world):
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def cpu_threads(requested, batch_size):
-    """--threads: 0 means one per core this process may use, at most MAX_AUTO_THREADS (the Python work
-    between NumPy calls holds the GIL, so many threads on small slices stop paying); never
-    more threads than sequences in a batch."""
-    if requested == 0:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        requested = min(cores, MAX_AUTO_THREADS)
-    return min(requested, batch_size)
-
 
 def main(argv=None):
     """-> the exit status: 0 done, 1 diverged, 2 bad input or environment (one error: line),

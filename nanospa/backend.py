@@ -21,6 +21,8 @@ The second half of this file holds the fused elementwise kernels the fast paths 
 CuPy ElementwiseKernel on the GPU and a few in-place NumPy calls on the CPU. Not here: any
 differentiation (tensor.py) or op (functions.py, shape_ops.py, fused.py); those call these.
 """
+import os
+
 import numpy as np
 
 try:  # CuPy is optional: the 'gpu' extra
@@ -29,6 +31,7 @@ except Exception:  # ImportError, or a CuPy build that fails to load its CUDA li
     _cp = None
 
 _device = "cpu"
+MAX_AUTO_THREADS = 4   # cpu_threads(0, ...): one per core, at most this many
 
 
 class DeviceError(RuntimeError):
@@ -122,6 +125,16 @@ def set_threads(n):
         _pool.shutdown()
         _pool = None
     return previous
+
+
+def cpu_threads(requested, batch_size):
+    """A --threads setting: 0 means one per core this process may use, at most MAX_AUTO_THREADS
+    (the Python work between NumPy calls holds the GIL, so many threads on small slices stop
+    paying); never more threads than sequences in a batch."""
+    if requested == 0:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        requested = min(cores, MAX_AUTO_THREADS)
+    return min(requested, batch_size)
 
 
 def parallel_map(fn, items):

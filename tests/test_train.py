@@ -251,9 +251,9 @@ def test_threads_train_slices_of_the_batch_with_the_same_result(tmp_path, text_f
 
 
 def test_threads_zero_is_one_per_core_capped():
-    assert train.cpu_threads(3, batch_size=16) == 3
-    assert train.cpu_threads(8, batch_size=2) == 2
-    assert 1 <= train.cpu_threads(0, batch_size=16) <= 4
+    assert backend.cpu_threads(3, batch_size=16) == 3
+    assert backend.cpu_threads(8, batch_size=2) == 2
+    assert 1 <= backend.cpu_threads(0, batch_size=16) <= 4
 
 
 def test_lr_schedule_is_warmup_then_cosine(tmp_path, text_file):

@@ -1,4 +1,4 @@
-"""A compact training run for the experiment commands: the same steps as train.py (AdamW,
+"""A compact training run for the experiment commands: the same steps as train.py (AdamW or K-FAC,
 linear warm-up then cosine decay, global-norm clipping), without checkpoints or progress
 bars, returning the loss history as plain numbers.
 
@@ -16,7 +16,8 @@ import numpy as np
 
 from .. import backend
 from ..model import GPT
-from ..optim import AdamW, clip_grad_norm, cosine_lr
+from ..optim import clip_grad_norm, cosine_lr
+from ..optimizers import OPTIMIZER_DEFAULTS, curvature, make_optimizer
 from ..tensor import no_grad
 
 EVAL_SEED = 12345         # the fixed evaluation batches: the same for every model and seed
@@ -44,15 +45,18 @@ def evaluate(model, tokens, batch_size, block_size, n_batches, seed=EVAL_SEED):
 
 def train_run(cfg, train_tokens, val_tokens, *, steps, lr, batch_size=8, seed=0, warmup=None,
               min_lr_ratio=0.1, weight_decay=0.0, grad_clip=1.0, eval_every=0, eval_batches=4,
-              log_every=1):
+              log_every=1, optimizer=None):
     """Train GPT(cfg) from scratch; returns a dict of plain numbers.
 
     history: [(iter, train_loss)] every log_every steps; evals: [(iter, val_loss)];
     final_train / final_val: mean losses over eval_batches fixed batches after training;
     diverged: True when a loss or gradient norm became non-finite (training stops there).
+    optimizer: optimiser settings (nanospa.optimizers.OPTIMIZER_DEFAULTS' keys; default AdamW).
     """
     model = GPT(cfg, seed=seed)
-    opt = AdamW(model.parameters(), lr=lr, betas=BETAS, weight_decay=weight_decay)
+    settings = {**OPTIMIZER_DEFAULTS, **(optimizer or {}), "learning_rate": lr, "beta1": BETAS[0],
+                "beta2": BETAS[1], "weight_decay": weight_decay}
+    opt = make_optimizer(settings, model, seed=seed)
     rng = np.random.default_rng(seed + 1)
     warmup = max(1, steps // WARMUP_DIVISOR) if warmup is None else warmup
     T = cfg.block_size
@@ -63,6 +67,7 @@ def train_run(cfg, train_tokens, val_tokens, *, steps, lr, batch_size=8, seed=0,
         x, y = get_batch(train_tokens, batch_size, T, rng)
         _, loss = model(x, y)
         loss.backward()
+        curvature(opt, x, y)                       # K-FAC's factors; nothing for AdamW
         norm = clip_grad_norm(model.parameters(), grad_clip)
         value = loss.item()
         if not (math.isfinite(value) and math.isfinite(norm)):

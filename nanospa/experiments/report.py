@@ -180,16 +180,25 @@ def fmt(x, f=".3f"):
         ("diverged" if isinstance(x, float) and math.isinf(x) else format(x, f))
 
 
+def grid_union(result):
+    """Every learning rate any method ran (a method may have its own grid, e.g. K-FAC's)."""
+    grids = [m.get("lrs") or result["settings"]["lrs"] for m in result["methods"].values()]
+    return sorted({float(lr) for g in grids for lr in g} or result["settings"]["lrs"])
+
+
 def markdown(result):
     s = result["settings"]
     lines = header_lines(result)
     lines += [f"- Data: {result['data']['name']} ({result['data']['train_tokens']:,} training tokens); "
               f"unigram entropy {result['data']['unigram_entropy']:.3f} nats/token",
               f"- Setting: depth {s['n_layer']}, width {s['n_embd']}, {s['n_head']} heads, T = {s['block_size']}, "
-              f"batch {s['batch_size']}, {s['steps']} steps, AdamW with warm-up and cosine decay, "
-              f"learning rates {', '.join(map(str, s['lrs']))} (best per method), "
+              f"batch {s['batch_size']}, {s['steps']} steps, "
+              + ("AdamW" if not any(m.get("optimizer") for m in result["methods"].values()) else "each method's optimiser")
+              + f" with warm-up and cosine decay, learning rates {', '.join(map(str, s['lrs']))} (best per method"
+              + ("" if all(not m.get("lrs") or list(m["lrs"]) == list(s["lrs"]) for m in result["methods"].values())
+                 else "; some methods have their own grid, see the columns") + "), "
               f"seeds {s['seeds']}, {s['dtype']}, preset {s['preset']}", ""]
-    lrs = s["lrs"]
+    lrs = grid_union(result)
     head = ["method", "model", "steps", "best lr", "final train loss", "final val loss",
             "unigram - train"] + [f"train @ lr {lr:g}" for lr in lrs]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -216,7 +225,7 @@ def markdown(result):
                   + "; ".join(plans) + "."]
     if len(lrs) > 1:
         edge = [f"{label} ({m['summary']['best_lr']:g})" for label, m in result["methods"].items()
-                if m["summary"]["best_lr"] in (min(lrs), max(lrs))]
+                if len(m.get("lrs", lrs)) > 1 and m["summary"]["best_lr"] in (min(m.get("lrs", lrs)), max(m.get("lrs", lrs)))]
         if edge:
             lines += ["", "Best learning rate at an edge of the grid (a wider grid could lower these "
                       "losses): " + ", ".join(edge) + "."]

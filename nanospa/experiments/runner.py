@@ -110,11 +110,18 @@ NAMES = dict(softmax="standard attention", value_skipinit="Value-SkipInit", uspa
 @dataclass
 class Method:
     """One compared model: GPTConfig fields on top of the base (depth, width, T, dtype),
-    a description for the table, and a multiple of the run length."""
+    a description for the table, a multiple of the run length, optionally its own
+    learning-rate grid (default: the shared --lrs) and optimiser settings (the keys of
+    nanospa.optimizers.OPTIMIZER_DEFAULTS, e.g. optimizer="kfac"; default AdamW)."""
     config: dict
     description: str
     steps_factor: int = 1
     extra: dict = field(default_factory=dict)
+    lrs: tuple = ()
+    optimizer: dict = field(default_factory=dict)
+
+    def grid(self, settings):
+        return tuple(self.lrs) or tuple(settings["lrs"])
 
 
 # ------------------------------------------------------------------ settings
@@ -197,7 +204,7 @@ def train_job(job):
                   batch_size=job["batch_size"], warmup=job["warmup"] or None,
                   min_lr_ratio=job["min_lr_ratio"], weight_decay=job["weight_decay"],
                   grad_clip=job["grad_clip"], eval_batches=job["eval_batches"],
-                  log_every=job["log_every"])
+                  log_every=job["log_every"], optimizer=job["optimizer"])
     r["label"] = job["label"]
     r["history"] = [(it, round(loss, LOSS_DECIMALS)) for it, loss in r["history"]]
     return r
@@ -216,9 +223,10 @@ def make_jobs(s, methods, configs):
     jobs = []
     for label, m in methods.items():
         steps = s["steps"] * m.steps_factor
-        for lr in s["lrs"]:
+        for lr in m.grid(s):
             for seed in range(s["seeds"]):
                 jobs.append(dict(label=label, config=configs[label], steps=steps, lr=lr, seed=seed,
+                                 optimizer=dict(m.optimizer),
                                  batch_size=s["batch_size"], warmup=s["warmup"] * m.steps_factor,
                                  min_lr_ratio=s["min_lr_ratio"], weight_decay=s["weight_decay"],
                                  grad_clip=s["grad_clip"], eval_batches=s["eval_batches"],
@@ -271,7 +279,8 @@ def summarise_method(runs, lrs, unigram):
     curve = [[it, round(float(np.mean([dict(r["history"]).get(it, math.nan) for r in best])), LOSS_DECIMALS)]
              for it in its]
     mean = float(np.mean(train))
-    return dict(out, final_train=mean, final_train_std=float(np.std(train)),
+    step_seconds = float(np.median([r["seconds"] / max(1, r["steps_done"]) for r in best]))
+    return dict(out, final_train=mean, final_train_std=float(np.std(train)), step_seconds=step_seconds,
                 final_val=float(np.mean(val)), below_unigram=unigram - mean,
                 stalled=bool(unigram - mean < STALL_MARGIN), curve=curve)
 
@@ -309,11 +318,12 @@ def run(spec, argv):
                             train_tokens=int(len(ds.train)), val_tokens=int(len(ds.val)),
                             vocab_size=int(ds.vocab_size), unigram_entropy=unigram),
                   methods={label: dict(description=m.description, config=configs[label], plan=plans[label],
-                                       steps=s["steps"] * m.steps_factor, runs=[], extra=m.extra)
+                                       steps=s["steps"] * m.steps_factor, runs=[], extra=m.extra,
+                                       lrs=list(m.grid(s)), optimizer=dict(m.optimizer))
                            for label, m in methods.items()},
                   findings=[])
     jobs = make_jobs(s, methods, configs)
-    print(f"{spec.NAME}: {len(methods)} methods x {len(s['lrs'])} learning rates x {s['seeds']} seeds "
+    print(f"{spec.NAME}: {len(methods)} methods x their learning rates x {s['seeds']} seeds "
           f"= {len(jobs)} runs on {s['data']} (unigram entropy {unigram:.3f}); writing {out}/")
     done = [0]
 
@@ -332,13 +342,13 @@ def run(spec, argv):
     run_jobs(jobs, s["workers"], on_result)
     for label, m in result["methods"].items():
         m["runs"].sort(key=lambda r: (r["lr"], r["seed"]))
-        m["summary"] = summarise_method(m["runs"], s["lrs"], unigram)
+        m["summary"] = summarise_method(m["runs"], m["lrs"], unigram)
     result["findings"] = list(spec.findings(result))
     result["complete"] = True
     result["provenance"] = provenance(spec.NAME, argv, s, started, t0)
     write_json(out / "result.json", result)
     write_text(out / "table.md", markdown(result))
-    wrote = plot(result, out / "plot.png", getattr(spec, "PANELS", None))
+    wrote = getattr(spec, "plot", plot)(result, out / "plot.png", getattr(spec, "PANELS", None))
     print("\n".join(f"  {line}" for line in result["findings"]))
     print(f"wrote {out / 'result.json'}, {out / 'table.md'}" + (f", {out / 'plot.png'}" if wrote else "")
           + f" in {duration(time.time() - t0)}")
@@ -353,7 +363,7 @@ def rerender(spec, out):
     result["findings"] = list(spec.findings(result))
     write_json(out / "result.json", result)
     write_text(out / "table.md", markdown(result))
-    plot(result, out / "plot.png", getattr(spec, "PANELS", None))
+    getattr(spec, "plot", plot)(result, out / "plot.png", getattr(spec, "PANELS", None))
     return result
 
 
