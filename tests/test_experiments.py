@@ -16,13 +16,14 @@ import pytest
 from nanospa.experiments.__main__ import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAINING = ("fig2", "table1", "fig3", "table2", "longer")
+TRAINING = ("fig2", "table1", "fig3", "table2", "longer", "kfac")
 EXPECTED_METHODS = {
     "fig2": {"softmax", "value_skipinit", "uspa", "espa", "pre_ln"},
     "table1": {a + n for a in ("dks_gelu", "tat_lrelu", "gelu", "sigmoid") for n in ("", "+LN")},
     "fig3": {"softmax+NR", "value_skipinit+NR", "uspa+NR", "espa+NR", "pre_ln"},
     "table2": {"pre_ln", "espa+NR+LN", "espa+NR", "softmax+NR+LN"},
     "longer": {"pre_ln", "espa", "espa_long", "pre_ln_long"},
+    "kfac": {m + o for m in ("espa", "softmax", "pre_ln") for o in ("_adamw", "_kfac_d0.01")},
 }
 
 
@@ -50,8 +51,8 @@ def test_training_command_tiny(name, tmp_path, capsys):
     assert main([name, "--preset=tiny", f"--out={out}"]) == 0
     result, table = check_outputs(out, capsys)
     assert result["complete"] and set(result["methods"]) == EXPECTED_METHODS[name]
-    lrs = result["settings"]["lrs"]
     for label, m in result["methods"].items():
+        lrs = m["lrs"]                                  # the shared grid, or the method's own
         assert len(m["runs"]) == len(lrs) * result["settings"]["seeds"]
         assert m["summary"]["best_lr"] in lrs
         assert math.isfinite(m["summary"]["final_train"])
