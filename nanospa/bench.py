@@ -49,12 +49,13 @@ from dataclasses import fields
 import numpy as np
 
 from . import backend
-from .bench_measure import (CONFIGS, GemmProbe, NanospaStep, TorchStep, make_batch, make_config, model_flops,
-                            time_steps)
+from .bench_measure import (CONFIGS, GemmProbe, KfacStep, NanospaStep, TorchStep, kfac_flops, make_batch,
+                            make_config, model_flops, time_steps)
 from .bench_memory import gpu_peaks, measure_cpu, probe_line, reset_gpu, status_bytes
 from .bench_report import format_report, machine_info
 from .config import GPTConfig
 from .model import GPT
+from .optimizers import KFAC_KEYS, OPTIMIZER_DEFAULTS, check_optimizer
 from .settings import SettingsError, help_text, parse_settings, run_command, source_notes, wants_help
 
 # ----------------------------------------------------------------------------- settings
@@ -72,6 +73,7 @@ BENCH_DEFAULTS = dict(
     gemm_reps=2,               # GEMM samples per round (the best counts)
     torch="auto",              # auto: the PyTorch yardstick if torch imports | no
     torch_sdpa=False,          # PyTorch uses scaled_dot_product_attention instead of the manual attention
+    kfac=False,                # also time a nanospa K-FAC step (--kfac_* settings of train.py) beside AdamW's
     no_memory=False,           # skip the CPU memory probes
     json=False,                # print machine-readable results
     batch_size=0,              # sequences per step; unset: the configuration's
@@ -81,10 +83,11 @@ PROBE_DEFAULTS = dict(         # internal: the fresh process of a CPU memory pro
     memory_steps=3,            # training steps of a memory probe
 )
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "dtype"]   # dtype is a bench key
-DEFAULTS = {**BENCH_DEFAULTS, **PROBE_DEFAULTS, **{f.name: f.default for f in fields(GPTConfig)
+KFAC_DEFAULTS = {k: OPTIMIZER_DEFAULTS[k] for k in KFAC_KEYS}   # --kfac_*: as train.py's
+DEFAULTS = {**BENCH_DEFAULTS, **PROBE_DEFAULTS, **KFAC_DEFAULTS, **{f.name: f.default for f in fields(GPTConfig)
                                                   if f.name in MODEL_KEYS}}
 CHOICES = dict(device=("cpu", "cuda"), dtype=("float32", "float64"), cpu_threading=("shards", "blas"),
-               torch=("auto", "no"), memory_probe=("", "nanospa", "pytorch"))
+               torch=("auto", "no"), memory_probe=("", "nanospa", "pytorch", "nanospa_kfac"))
 GEMM_N = dict(cpu=2048, cuda=8192)   # --gemm_n=0: the GEMM probe's size per device
 
 
@@ -112,12 +115,17 @@ def parse_args(argv):
             raise SettingsError(f"--{key} must be >= {low}, got {s[key]}")
     for name in s["config"]:
         make_config(name, s["overrides"], s["dtype"])    # GPTConfig's ValueError, before any timing
+    try:
+        check_optimizer({**s, "optimizer": "kfac"})      # the --kfac_* settings
+    except ValueError as e:
+        raise SettingsError(str(e)) from None
     return s
 
 
 def usage():
     """The --help screen: the benchmark's keys with their defaults, then the GPTConfig fields."""
-    text = help_text(__doc__.splitlines()[0], BENCH_DEFAULTS, source_notes(__file__))
+    notes = source_notes(__file__, sys.modules[check_optimizer.__module__].__file__)   # --kfac_*: optimizers.py
+    text = help_text(__doc__.splitlines()[0], {**BENCH_DEFAULTS, **KFAC_DEFAULTS}, notes)
     return (text + "\nEvery GPTConfig field is a setting too; set explicitly, it overrides the value of every"
             " configuration: " + ", ".join(f"--{k}" for k in MODEL_KEYS) + ".")
 
@@ -180,6 +188,8 @@ def run_config(name, s, argv, torch):
     runners = [NanospaStep(model, idx, targets)]
     if torch is not None:
         runners.append(TorchStep(torch, model, idx, targets, s["device"], sdpa=s["torch_sdpa"]))
+    if s["kfac"]:
+        runners.append(KfacStep(cfg, idx, targets, {k: s[k] for k in KFAC_KEYS}))
     gemm = GemmProbe(s["gemm_n"], cfg.dtype)
     times, peaks = time_steps(runners, gemm, s["steps"], s["warmup"], s["settle"], s["gemm_reps"])
     peak = float(np.median(peaks))
@@ -201,6 +211,13 @@ def run_config(name, s, argv, torch):
         result["ratio_nanospa_over_pytorch"] = dict(
             median=float(np.median(ratio)), q25=float(np.quantile(ratio, 0.25)),
             q75=float(np.quantile(ratio, 0.75)))
+    if s["kfac"]:
+        pair = np.asarray(times["nanospa_kfac"]) / np.asarray(times["nanospa"])
+        result["kfac"] = dict(
+            step_over_adamw_median=float(np.median(pair)),
+            step_over_adamw_mean=float(np.sum(times["nanospa_kfac"]) / np.sum(times["nanospa"])),
+            inv_interval=s["kfac_inv_interval"], stats_fraction=s["kfac_stats_fraction"],
+            flops=kfac_flops(cfg, batch, s["kfac_stats_fraction"], s["kfac_inv_interval"]))
     if not cpu:
         for framework, nbytes in gpu_peaks(torch, gemm.nbytes).items():
             result["frameworks"][framework]["peak_mem_bytes"] = nbytes
@@ -231,6 +248,9 @@ def memory_probe(s, reexec_argv):
         step = TorchStep(torch, model, idx, targets, "cpu", sdpa=s["torch_sdpa"])
         del model
         gc.collect()
+    elif s["memory_probe"] == "nanospa_kfac":
+        del model
+        step = KfacStep(cfg, idx, targets, {k: s[k] for k in KFAC_KEYS})
     else:
         step = NanospaStep(model, idx, targets)
     for _ in range(s["memory_steps"]):

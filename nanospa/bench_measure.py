@@ -3,7 +3,8 @@ training step, the timed steps of nanospa and of the PyTorch yardstick, the GEMM
 
     CONFIGS, make_config(name, overrides, dtype)   the benchmarked models
     model_flops(cfg, batch_size)                   model FLOPs of one training step
-    NanospaStep, TorchStep                         one timed training step each
+    kfac_flops(cfg, batch_size, settings)          what a K-FAC step adds (docs/kfac.md §10)
+    NanospaStep, KfacStep, TorchStep               one timed training step each
     GemmProbe                                      FLOP/s of n x n products, as nanospa runs them
     time_steps(runners, gemm, ...)                 alternating timed rounds -> times, peaks
 
@@ -57,6 +58,24 @@ def model_flops(cfg, batch_size):
     per_token = 6 * n_matmul + 12 * L * T * C
     return dict(n_matmul_params=n_matmul, per_token=per_token, per_step=per_token * batch_size * T,
                 formula="B*T*(6*N + 12*L*T*C), N = L*(4+2*mlp_ratio)*C^2 + C*V")
+
+
+def kfac_flops(cfg, batch_size, stats_fraction, inv_interval):
+    """FLOPs a K-FAC step adds to the training step (docs/kfac.md §10), per Linear (n_in,
+    n_out) with R_s = stats_fraction B T rows in the curvature pass: the pass itself
+    (stats_fraction x the step's model FLOPs), statistics 2 R_s (n_in^2 + n_out^2),
+    preconditioning 4 n_in n_out (n_in + n_out), eigendecompositions about
+    9 (n_in^3 + n_out^3) every inv_interval steps."""
+    C, M, V, L = cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, cfg.vocab_size, cfg.n_layer
+    shapes = L * [(C, C)] * 4 + L * [(C, M), (M, C)] + [(C, V)]
+    rows = stats_fraction * batch_size * cfg.block_size
+    out = dict(curvature_pass=stats_fraction * model_flops(cfg, batch_size)["per_step"],
+               statistics=sum(2 * rows * (a * a + b * b) for a, b in shapes),
+               preconditioning=sum(4 * a * b * (a + b) for a, b in shapes),
+               eigh_per_refresh=sum(9 * (a ** 3 + b ** 3) for a, b in shapes))
+    out["per_step"] = (out["curvature_pass"] + out["statistics"] + out["preconditioning"]
+                       + out["eigh_per_refresh"] / inv_interval)
+    return out
 
 
 def make_config(name, overrides, dtype):
@@ -132,6 +151,31 @@ class _YardstickView:
 
     def state_dict(self):
         return _DenseBiasState(self.model)
+
+
+class KfacStep(NanospaStep):
+    """One nanospa K-FAC training step on its own copy of the model: forward, backward, the
+    curvature pass, K-FAC's update (the inverses every inv_interval steps), zero_grad."""
+    name = "nanospa_kfac"
+
+    def __init__(self, cfg, idx, targets, settings):
+        from .model import GPT
+        from .optimizers import OPTIMIZER_DEFAULTS, make_optimizer
+        super().__init__(GPT(cfg, seed=0), idx, targets)
+        s = {**OPTIMIZER_DEFAULTS, **settings, "optimizer": "kfac", "learning_rate": OPTIM["lr"],
+             "beta1": OPTIM["betas"][0], "beta2": OPTIM["betas"][1], "weight_decay": OPTIM["weight_decay"]}
+        self.opt = make_optimizer(s, self.model)
+
+    def __call__(self):
+        backend.synchronize()
+        t = time.perf_counter()
+        sharded_backward(self.loss, self.idx, self.targets)
+        self.opt.update_curvature(self.idx, self.targets)
+        self.opt.step()
+        self.opt.zero_grad()
+        self.model.after_step()
+        backend.synchronize()
+        return time.perf_counter() - t
 
 
 class TorchStep:

@@ -88,4 +88,13 @@ def format_report(report):
             q = r["ratio_nanospa_over_pytorch"]
             lines.append(f"  speed nanospa/pytorch: {q['median']:.2f} (median of {r['steps']} paired steps, "
                          f"quartiles {q['q25']:.2f}-{q['q75']:.2f})")
+        if "kfac" in r:
+            k, kf = r["kfac"], r["kfac"]["flops"]
+            lines.append(f"  K-FAC step / AdamW step: {k['step_over_adamw_median']:.2f} (median of paired steps), "
+                         f"{k['step_over_adamw_mean']:.2f} (total time: the inverses every {k['inv_interval']} "
+                         f"steps included when --steps is a multiple of it)")
+            lines.append(f"  K-FAC adds {kf['per_step'] / GIGA:.1f} GFLOP/step ({kf['per_step'] / f['per_step']:.2f}x the "
+                         f"step): curvature pass {kf['curvature_pass'] / GIGA:.1f}, statistics "
+                         f"{kf['statistics'] / GIGA:.1f}, preconditioning {kf['preconditioning'] / GIGA:.1f}, "
+                         f"eigendecompositions {kf['eigh_per_refresh'] / GIGA:.1f} per refresh")
     return "\n".join(lines)

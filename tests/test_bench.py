@@ -92,3 +92,28 @@ def test_help_lists_every_setting(capsys):
     listed = {line.split("=")[0].strip() for line in out.splitlines() if line.startswith("  --")}
     assert listed == {f"--{k}" for k in DEFAULTS if k not in MODEL_KEYS and not k.startswith("memory_")}
     assert all(f"--{k}" in out for k in MODEL_KEYS) and "--n_layer" in out
+
+
+def test_kfac_step_is_timed_beside_adamw_with_the_flops_it_adds():
+    cmd = [sys.executable, "-m", "nanospa.bench", "--config=tiny", "--steps=2", "--warmup=1", "--threads=1",
+           "--torch=no", "--gemm_n=64", "--settle=0", "--kfac=True", "--kfac_inv_interval=2", "--json"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    (r,) = json.loads(out.stdout)["results"]
+    assert set(r["frameworks"]) == {"nanospa", "nanospa_kfac"}
+    k = r["kfac"]
+    assert k["inv_interval"] == 2 and k["step_over_adamw_median"] > 0
+    # the count of docs/kfac.md §10, by hand for the tiny model: L 2, C 32, MLP 128, V 256, B 2, T 16
+    shapes = 2 * [(32, 32)] * 4 + 2 * [(32, 128), (128, 32)] + [(32, 256)]
+    rows = 0.25 * 2 * 16
+    by_hand = (0.25 * r["model_flops"]["per_step"] + sum(2 * rows * (a * a + b * b) for a, b in shapes)
+               + sum(4 * a * b * (a + b) for a, b in shapes) + sum(9 * (a ** 3 + b ** 3) for a, b in shapes) / 2)
+    assert k["flops"]["per_step"] == pytest.approx(by_hand, rel=1e-12)
+    if sys.platform.startswith("linux"):
+        assert r["frameworks"]["nanospa_kfac"]["peak_mem_bytes"] > 0
+
+
+def test_bad_kfac_setting_is_one_line(capsys):
+    assert main(["--config=tiny", "--kfac=True", "--kfac_damping=-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "kfac_damping" in err
