@@ -51,6 +51,8 @@ def train_run(cfg, train_tokens, val_tokens, *, steps, lr, batch_size=8, seed=0,
     history: [(iter, train_loss)] every log_every steps; evals: [(iter, val_loss)];
     final_train / final_val: mean losses over eval_batches fixed batches after training;
     diverged: True when a loss or gradient norm became non-finite (training stops there).
+    seconds, cpu_seconds: wall-clock and process CPU time of the training steps (the CPU time
+    of a single-threaded worker does not grow when other work shares the machine).
     optimizer: optimiser settings (nanospa.optimizers.OPTIMIZER_DEFAULTS' keys; default AdamW).
     """
     model = GPT(cfg, seed=seed)
@@ -61,7 +63,7 @@ def train_run(cfg, train_tokens, val_tokens, *, steps, lr, batch_size=8, seed=0,
     warmup = max(1, steps // WARMUP_DIVISOR) if warmup is None else warmup
     T = cfg.block_size
     history, evals, diverged = [], [], False
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     for it in range(steps):
         opt.lr = cosine_lr(it, lr, warmup, steps, lr * min_lr_ratio)
         x, y = get_batch(train_tokens, batch_size, T, rng)
@@ -81,11 +83,11 @@ def train_run(cfg, train_tokens, val_tokens, *, steps, lr, batch_size=8, seed=0,
             history.append((it, value))
         if eval_every and (it + 1) % eval_every == 0:
             evals.append((it + 1, evaluate(model, val_tokens, batch_size, T, eval_batches)))
-    seconds = time.time() - t0
+    seconds, cpu_seconds = time.time() - t0, time.process_time() - c0
     nan = float("nan")
     final_train = nan if diverged else evaluate(model, train_tokens, batch_size, T, eval_batches)
     final_val = nan if diverged else evaluate(model, val_tokens, batch_size, T, eval_batches)
     backend.synchronize()
     return dict(history=history, evals=evals, final_train=final_train, final_val=final_val,
-                diverged=diverged, seconds=seconds, steps_done=len(history) and history[-1][0] + 1,
+                diverged=diverged, seconds=seconds, cpu_seconds=cpu_seconds, steps_done=len(history) and history[-1][0] + 1,
                 lr=lr, seed=seed, n_params=model.num_params())

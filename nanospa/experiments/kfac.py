@@ -9,9 +9,10 @@ of --dampings for every model, every one of them for vanilla E-SPA). AdamW runs
 the model's ADAM_LRS grid, K-FAC the KFAC_LRS grid (K-FAC's steps are preconditioned: its
 learning rates are not AdamW's); every other setting (steps, schedule, clipping, batch,
 seeds) is the same. The findings compare each model's best K-FAC damping with AdamW per
-step (final and early losses) and per second (the loss each reaches at the same wall-clock
-time, from each method's median seconds per step). plot.png: loss against steps and
-against seconds.
+step (final and early losses) and per second (the loss each reaches after the same CPU
+time, from each method's median CPU seconds per step: each worker is single-threaded, so
+its CPU time does not depend on what else shares the machine). plot.png: loss against
+steps and against CPU seconds.
 
 Not here: the optimiser (nanospa/kfac.py), the runner (runner.py), the per-step cost on the
 ref configuration (python -m nanospa.bench --optimizer=kfac, docs/performance.md).
@@ -77,8 +78,8 @@ def best_kfac(result, model):
 
 
 def loss_at_seconds(result, label, seconds):
-    """The method's mean training-loss curve (best lr) at `seconds` of its own wall clock, read
-    through its median seconds per step; NaN when its run ended earlier."""
+    """The method's mean training-loss curve (best lr) after `seconds` of CPU time, read
+    through its median CPU seconds per step; NaN when its run ended earlier."""
     m = report.summary(result, label)
     if not m or not m["curve"] or not m.get("step_seconds"):
         return math.nan
@@ -101,7 +102,7 @@ def findings(result):
         lines.append(f"{model}: final train loss AdamW {a['final_train']:.3f} (lr {a['best_lr']:g}), K-FAC "
                      f"{k['final_train']:.3f} ({kfac}, lr {k['best_lr']:g}) -> K-FAC "
                      f"{'ahead' if k['final_train'] < a['final_train'] else 'behind'} by "
-                     f"{abs(k['final_train'] - a['final_train']):.3f} per step; seconds per step "
+                     f"{abs(k['final_train'] - a['final_train']):.3f} per step; CPU seconds per step "
                      f"{a['step_seconds']:.3f} vs {k['step_seconds']:.3f} ({k['step_seconds'] / a['step_seconds']:.2f}x)")
     pre_adam = report.summary(result, "pre_ln_adamw")
     for opt, index in (("AdamW", 0), ("K-FAC", 1)):
@@ -118,7 +119,7 @@ def findings(result):
         runs = [report.summary(result, l) for l in ("pre_ln_adamw", best["espa"][1], "espa_adamw")]
         budget = min(m["step_seconds"] * m["curve"][-1][0] for m in runs)     # the shortest run's clock
         pa, ek, ea = (loss_at_seconds(result, l, budget) for l in ("pre_ln_adamw", best["espa"][1], "espa_adamw"))
-        lines.append(f"per second, at {budget:.0f} s of each run's own clock: Pre-LN AdamW {pa:.3f}, vanilla "
+        lines.append(f"per CPU second, after {budget:.0f} s of CPU time each: Pre-LN AdamW {pa:.3f}, vanilla "
                      f"E-SPA AdamW {ea:.3f}, vanilla E-SPA K-FAC {ek:.3f}")
         gap_adam, gap_kfac = e_adam["final_train"] - pre_adam["final_train"], e_kfac["final_train"] - pre_adam["final_train"]
         if gap_adam <= 0:
@@ -163,7 +164,7 @@ def plot(result, path, panels=None):
             axes[0].plot(x, y, ls=ls, label=name)
             axes[1].plot(x * m["step_seconds"], y, ls=ls, label=name)
             lows.append(np.nanmin(y))
-    for ax, xlabel in zip(axes, ("iteration", "seconds (median seconds per step x iteration)")):
+    for ax, xlabel in zip(axes, ("iteration", "CPU seconds (median CPU seconds per step x iteration)")):
         ax.axhline(unigram, color="k", ls=":", lw=1, label="unigram entropy")
         ax.set_ylim(min(lows) - report.Y_MARGIN[0], math.log(result["data"]["vocab_size"]) + report.Y_MARGIN[1])
         ax.set_xlabel(xlabel)

@@ -279,7 +279,8 @@ def summarise_method(runs, lrs, unigram):
     curve = [[it, round(float(np.mean([dict(r["history"]).get(it, math.nan) for r in best])), LOSS_DECIMALS)]
              for it in its]
     mean = float(np.mean(train))
-    step_seconds = float(np.median([r["seconds"] / max(1, r["steps_done"]) for r in best]))
+    # CPU seconds where recorded: a single-threaded worker's cost, whatever else shares the machine
+    step_seconds = float(np.median([r.get("cpu_seconds", r["seconds"]) / max(1, r["steps_done"]) for r in best]))
     return dict(out, final_train=mean, final_train_std=float(np.std(train)), step_seconds=step_seconds,
                 final_val=float(np.mean(val)), below_unigram=unigram - mean,
                 stalled=bool(unigram - mean < STALL_MARGIN), curve=curve)
