@@ -119,6 +119,7 @@ class Method:
     extra: dict = field(default_factory=dict)
     lrs: tuple = ()
     optimizer: dict = field(default_factory=dict)
+    warmup: int = None          # warm-up steps of this method; None: the runner's --warmup (0 = none here)
 
     def grid(self, settings):
         return tuple(self.lrs) or tuple(settings["lrs"])
@@ -201,7 +202,7 @@ def train_job(job):
     ds = _dataset(job["data"])
     cfg = GPTConfig(**job["config"])
     r = train_run(cfg, ds.train, ds.val, steps=job["steps"], lr=job["lr"], seed=job["seed"],
-                  batch_size=job["batch_size"], warmup=job["warmup"] or None,
+                  batch_size=job["batch_size"], warmup=job["warmup"],
                   min_lr_ratio=job["min_lr_ratio"], weight_decay=job["weight_decay"],
                   grad_clip=job["grad_clip"], eval_batches=job["eval_batches"],
                   log_every=job["log_every"], optimizer=job["optimizer"])
@@ -227,7 +228,8 @@ def make_jobs(s, methods, configs):
             for seed in range(s["seeds"]):
                 jobs.append(dict(label=label, config=configs[label], steps=steps, lr=lr, seed=seed,
                                  optimizer=dict(m.optimizer),
-                                 batch_size=s["batch_size"], warmup=s["warmup"] * m.steps_factor,
+                                 batch_size=s["batch_size"],
+                                 warmup=m.warmup if m.warmup is not None else (s["warmup"] * m.steps_factor or None),
                                  min_lr_ratio=s["min_lr_ratio"], weight_decay=s["weight_decay"],
                                  grad_clip=s["grad_clip"], eval_batches=s["eval_batches"],
                                  log_every=max(1, steps // CURVE_POINTS), data=s["data"], device=s["device"]))
@@ -323,6 +325,8 @@ def run(spec, argv):
                                        lrs=list(m.grid(s)), optimizer=dict(m.optimizer))
                            for label, m in methods.items()},
                   findings=[])
+    if hasattr(spec, "at_init"):                   # e.g. kernels at initialisation, before any training
+        result["at_init"] = spec.at_init(s, configs, ds)
     jobs = make_jobs(s, methods, configs)
     print(f"{spec.NAME}: {len(methods)} methods x their learning rates x {s['seeds']} seeds "
           f"= {len(jobs)} runs on {s['data']} (unigram entropy {unigram:.3f}); writing {out}/")
