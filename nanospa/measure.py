@@ -71,8 +71,9 @@ def measured_batch_kernels(model, idx):
 
 def measured_model_kernels(cfg, idx, seed=0):
     """[Sigma_0, ..., Sigma_L] measured on GPT(cfg, seed) at init (cfg as given: set n_embd
-    and dtype first, e.g. with measure_config)."""
-    return measured_kernels(GPT(cfg, seed=seed), idx)["hidden"]
+    and dtype first, e.g. with measure_config), in evaluation mode, as predict_kernels
+    predicts them without batch= (BatchNorm, PRepBN: running statistics; others: no change)."""
+    return measured_kernels(GPT(cfg, seed=seed).eval(), idx)["hidden"]
 
 
 STAT_DECIMALS = 6      # log.jsonl keeps cos[l] and q[l] to this many decimals
