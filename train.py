@@ -277,11 +277,11 @@ def run(argv, s, stop, world):
         return cosine_lr(it, s["learning_rate"], s["warmup_iters"], s["lr_decay_iters"], s["min_lr"])
 
     # -- estimate_loss on the fixed batches, plus the per-layer signal statistics (method §13)
-    def estimate_loss():
-        with no_grad():
+    def estimate_loss():                              # in evaluation mode (BatchNorm: running statistics)
+        with no_grad(), model.evaluating():
             loss = {split: world.mean(np.mean([model(world.shard(x), world.shard(y))[1].item() for x, y in batches]))
                     for split, batches in eval_sets.items()}
-        kernels = measured_kernels(model, probe)["hidden"]  # L+1 batch-mean kernels (T, T)
+            kernels = measured_kernels(model, probe)["hidden"]  # L+1 batch-mean kernels (T, T)
         return dict(val_loss=loss["val"], eval_train_loss=loss["train"], **layer_stats(kernels))
 
     # On resume the log is cut back to the checkpoint (a partial last record, records after it).

@@ -16,7 +16,8 @@ the attention output either way, since diag(D) (P V) = (diag(D) P) V.
 
 Supported: attention softmax | value_skipinit | uspa | espa; residual none | standard |
 normalised; norm none | layernorm | rmsnorm (pre or post); pos none | learned | sinusoidal;
-every base activation of functions.Shaped. Not supported: norm="dyt", bias=True.
+every base activation of functions.Shaped. Not supported: norm="dyt" | "batchnorm" | "prepbn" |
+"groupnorm", bias=True.
 
 Not here: the timing (bench_measure.py), the command line (bench.py). Only nanospa's
 modules import this file, and only after `import torch` has worked.
@@ -54,8 +55,8 @@ class TorchGPT(torch.nn.Module):
     def __init__(self, model, device="cpu", sdpa=False):
         super().__init__()
         cfg = model.config
-        if cfg.norm == "dyt" or cfg.bias:
-            raise ValueError("the PyTorch yardstick implements neither norm='dyt' nor bias=True")
+        if cfg.norm not in ("none", "layernorm", "rmsnorm") or cfg.bias:
+            raise ValueError(f"the PyTorch yardstick implements neither norm={cfg.norm!r} nor bias=True")
         self.cfg, self.sdpa = cfg, sdpa
         dt = _DTYPES[cfg.dtype]
         state = model.state_dict()

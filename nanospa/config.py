@@ -18,7 +18,8 @@ ATTENTIONS = ("softmax", "value_skipinit", "uspa", "espa")
 BASE_ACTIVATIONS = ("relu", "gelu", "gelu_exact", "sigmoid", "tanh", "leaky_relu", "softplus",
                     "elu", "swish", "linear")
 RESIDUALS = ("none", "standard", "normalised")
-NORMS = ("none", "layernorm", "rmsnorm", "dyt")
+NORMS = ("none", "layernorm", "rmsnorm", "dyt", "batchnorm", "prepbn", "groupnorm")
+BATCH_NORMS = ("batchnorm", "prepbn")  # statistics over the batch and positions (nanospa/norms.py)
 NORM_POSITIONS = ("pre", "post")
 DTYPES = ("float32", "float64")
 MIN_SPA_BLOCK = 2     # U-SPA / E-SPA: a kernel over one position has no correlation to schedule
@@ -37,7 +38,10 @@ class GPTConfig:
     activation: str = "tat_lrelu"  # plain: relu, gelu, ...; shaped: dks_gelu, tat_lrelu, tat_gelu, ...
     residual: str = "none"         # none | standard | normalised
     residual_beta: float = 0.1     # branch weight b of a normalised residual (a = sqrt(1 - b^2))
-    norm: str = "none"             # none | layernorm | rmsnorm | dyt
+    norm: str = "none"             # none | layernorm | rmsnorm | dyt | batchnorm | prepbn | groupnorm (docs/norms.md)
+    norm_causal: bool = False      # batchnorm, prepbn: statistics over positions <= t only (no future leakage)
+    norm_groups: int = 4           # groupnorm: groups of n_embd / norm_groups channels; 1 = LayerNorm
+    prepbn_steps: int = 400        # prepbn: optimiser steps over which LN's share falls from 1 to 0
     norm_position: str = "pre"     # pre | post
     final_norm: str = "auto"       # auto (a final norm when norm != none and residual != none) | yes | no
     pos: str = "none"              # none | learned | sinusoidal
@@ -106,6 +110,21 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.tau must be > 0, got {self.tau}")
         if self.shaping_depth < 0:
             raise ValueError(f"GPTConfig.shaping_depth must be >= 0, got {self.shaping_depth}")
+        self._check_norm_fields()
+
+    def _check_norm_fields(self):
+        """norm_groups, prepbn_steps, norm_causal (docs/norms.md)."""
+        for name, low in (("norm_groups", 1), ("prepbn_steps", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+                raise ValueError(f"GPTConfig.{name} must be an integer >= {low}, got {value!r}")
+        if self.norm == "groupnorm" and self.n_embd % self.norm_groups:
+            raise ValueError(f"GPTConfig.norm_groups={self.norm_groups} does not divide n_embd={self.n_embd}")
+        if not isinstance(self.norm_causal, (bool, np.bool_)):
+            raise ValueError(f"GPTConfig.norm_causal must be True or False, got {self.norm_causal!r}")
+        if self.norm_causal and self.norm not in BATCH_NORMS:
+            raise ValueError(f"GPTConfig.norm_causal=True applies to norm in {list(BATCH_NORMS)}, "
+                             f"not norm={self.norm!r}")
 
     @property
     def head_size(self):

@@ -43,6 +43,7 @@ import numpy as np
 from . import attention
 from . import backend
 from . import fused
+from . import norms
 from . import signal
 from .signal.attn_bias import bias_block, layer_parts
 from .functions import Shaped
@@ -59,7 +60,7 @@ def make_norm(cfg):
         return RMSNorm(cfg.n_embd, dtype=cfg.dtype)
     if cfg.norm == "dyt":
         return DyT(cfg.n_embd, alpha=signal.DYT_ALPHA, dtype=cfg.dtype)
-    return None
+    return norms.build(cfg)  # batchnorm | prepbn | groupnorm (nanospa/norms.py), else None
 
 
 def weight(matrix, dtype):
@@ -310,10 +311,11 @@ class GPT(Module):
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, rng=None):
         """Sample ``max_new_tokens`` continuations of idx (B, T) with the last block_size tokens
-        as context. Returns a host int64 array (B, T + max_new_tokens)."""
+        as context, in evaluation mode (the mode before is restored). Returns a host int64
+        array (B, T + max_new_tokens)."""
         rng = rng if rng is not None else np.random.default_rng(0)
         out = np.asarray(backend.to_numpy(idx), dtype=np.int64)
-        with no_grad():
+        with no_grad(), self.evaluating():                  # BatchNorm, PRepBN: running statistics
             for _ in range(max_new_tokens):
                 logits, _ = self(out[:, -self.config.block_size:])
                 z = backend.to_numpy(logits.data[:, -1, :]).astype(np.float64) / max(temperature, MIN_TEMPERATURE)

@@ -7,11 +7,17 @@ Buffers (``register_buffer``) are non-trainable arrays that travel with the stat
 (SPA's fixed B_l and D_l). All random values are drawn on the host from the
 numpy.random.Generator handed in, then moved to the current device by backend.asarray.
 
+A Module is in training mode unless ``eval()`` (or ``with module.evaluating():``) says
+otherwise; only layers whose statistics come from the batch read the flag (nanospa/norms.py).
+
 Here: Parameter, Module, orthogonal (the Haar-random matrix of the SPA initialisation),
-Linear, Embedding, LayerNorm, RMSNorm, DyT. Not here: the ops these layers call
+Linear, Embedding, LayerNorm, RMSNorm, DyT. Not here: the batch-statistics norms and
+GroupNorm (norms.py), the ops these layers call
 (functions.py, shape_ops.py, fused.py), and the attention and MLP blocks with their
 signal-propagation initialisation, which model.py writes over the default weights.
 """
+import contextlib
+
 import numpy as np
 
 from . import backend
@@ -32,8 +38,32 @@ class Parameter(Tensor):
 
 
 class Module:
+    training = True  # the class default; train() / eval() set it on a module and all below it
+
     def __init__(self):
         object.__setattr__(self, "_buffers", {})
+
+    def train(self, mode=True):
+        """Training mode (mode=True) or evaluation mode on this module and every sub-module;
+        returns self. BatchNorm and PRepBN use batch statistics in training mode and running
+        statistics in evaluation mode; every other layer ignores the flag."""
+        object.__setattr__(self, "training", bool(mode))
+        for _, child in self.children():
+            child.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """Evaluation mode within the block, then the mode this module had before."""
+        before = self.training
+        self.eval()
+        try:
+            yield self
+        finally:
+            self.train(before)
 
     def register_buffer(self, name, array):
         self._buffers[name] = array

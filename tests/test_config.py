@@ -12,7 +12,7 @@ from nanospa.signal import BUDGETS, POSITIONS
     ("attention", "linear", "attention='linear' is not one of"),
     ("activation", "swishy", "activation='swishy' is not one of"),
     ("residual", "skip", "residual='skip'"),
-    ("norm", "batchnorm", "norm='batchnorm'"),
+    ("norm", "instancenorm", "norm='instancenorm'"),      # not offered: not causal (docs/norms.md)
     ("norm_position", "middle", "norm_position='middle'"),
     ("final_norm", "maybe", "final_norm='maybe'"),
     ("pos", "rope", "pos='rope'"),

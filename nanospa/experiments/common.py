@@ -33,10 +33,11 @@ def get_batch(tokens, batch_size, block_size, rng):
 
 
 def evaluate(model, tokens, batch_size, block_size, n_batches, seed=EVAL_SEED):
-    """Mean loss over n_batches fixed random batches (the same batches for every model)."""
+    """Mean loss over n_batches fixed random batches (the same batches for every model), in
+    evaluation mode (BatchNorm, PRepBN: running statistics); the mode before is restored."""
     rng = np.random.default_rng(seed)
     losses = []
-    with no_grad():
+    with no_grad(), model.evaluating():
         for _ in range(n_batches):
             x, y = get_batch(tokens, batch_size, block_size, rng)
             losses.append(model(x, y)[1].item())

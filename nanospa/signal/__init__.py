@@ -15,6 +15,7 @@ depth_targets.py  per-layer targets from network-level ones (docs/activations.md
 act_transform.py  the DKS and TAT solvers (docs/activations.md §3-§5, §7)
 inputs.py         the input kernel Sigma_0 and positional encodings (§11)
 maps.py           the wide-limit kernel map of each sublayer (§3.2, §10)
+norm_maps.py      BatchNorm (batch kernels), causal BatchNorm, PRepBN at init, GroupNorm (docs/norms.md)
 predict.py        predicted kernels of a whole model at init (§2.2, §13)
 walks.py, budget.py  the kernel-budget policies and make_plan (docs/kernel_budget.md)
 table.py          the per-layer derivation that `python -m nanospa.signal` prints
@@ -34,5 +35,6 @@ from .qc_maps import q_map, c_map
 from .act_transform import activation_transform, shaped_activation_names
 from .inputs import POS_VARIANCE, POSITIONS, input_kernel, sinusoidal_encoding, token_variance
 from .maps import DYT_ALPHA, MLPMap
+from .norm_maps import BATCH_NORM_EPS, batchnorm_map, causal_batchnorm_map
 from .predict import predict_kernels, KernelPrediction
 from .budget import make_plan, split_activation, BUDGETS, DEFAULT_BUDGET, Plan

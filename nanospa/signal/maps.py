@@ -5,8 +5,9 @@
     attention_map          Sigma -> A Sigma A^T (heads sharing A, W^V W^O orthogonal)
     softmax_attention_map  the mean field of causal softmax with random W^Q, W^K
     MLPMap                 Sigma'_ij = E[phi_hat(u_i) phi_hat(u_j)], u ~ N(0, Sigma)
-    normalise, dyt_map     LayerNorm / RMSNorm (Sigma -> C) and DyT
-    BlockMaps              one configuration's residual and norm arrangement
+    normalise, dyt_map     LayerNorm / RMSNorm / GroupNorm (Sigma -> C) and DyT
+    BlockMaps              one configuration's residual and norm arrangement (BatchNorm and
+                           PRepBN through norm_maps.init_norm_map)
 
 Not here: the input kernel (inputs.py), the walk through a whole model (predict.py), the
 attention matrices themselves (attn_bias.py) and the activation's parameters
@@ -17,6 +18,7 @@ import numpy as np
 
 from .act_transform import activation_transform
 from .kernels import flush, normalised_kernel, uniform_causal_attention
+from .norm_maps import init_norm_map
 from .qc_maps import LocalMaps
 
 DYT_ALPHA = 0.5             # DyT's initial alpha: DyT(x) = tanh(alpha x) at init (the model uses it)
@@ -127,10 +129,11 @@ class BlockMaps:
 
     applied to kernels: sublayer(Sigma, f) -> (branch kernel, combined kernel). The cross
     terms of a residual vanish because W^O and W_2 are random orthogonal matrices
-    independent of X."""
+    independent of X. batch: None for kernels of one sequence (BatchNorm and PRepBN in
+    evaluation mode), or B for kernels of a whole batch (training mode: norm_maps)."""
 
-    def __init__(self, cfg, activation):
-        self.cfg = cfg
+    def __init__(self, cfg, activation, batch=None):
+        self.cfg, self.batch = cfg, batch
         self.mlp_map = MLPMap(activation)
         self.a2 = 1.0 - cfg.residual_beta ** 2
         self.b2 = cfg.residual_beta ** 2
@@ -140,6 +143,8 @@ class BlockMaps:
             return normalise(Sigma)
         if self.cfg.norm == "dyt":
             return dyt_map(Sigma)
+        if self.cfg.norm in ("batchnorm", "prepbn", "groupnorm"):
+            return init_norm_map(Sigma, self.cfg, self.batch)
         return Sigma
 
     def branch_input(self, Sigma):

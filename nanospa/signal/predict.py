@@ -36,6 +36,7 @@ from .budget import make_plan
 from .inputs import input_kernel
 from .kernels import kernel_stats, spa_kernel, uniform_causal_attention, value_skipinit_attention
 from .maps import BlockMaps, attention_map, softmax_attention_map
+from .norm_maps import batch_attention
 
 SUBLAYERS = ("attn_branch", "attn", "mlp_branch", "mlp")
 
@@ -131,7 +132,7 @@ class KernelPrediction:
         return "\n".join(lines)
 
 
-def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32):
+def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32, batch=None):
     """Predicted (wide-limit) kernels of GPT(config) at initialisation after every sublayer.
 
     config: a GPTConfig (read by duck typing). sigma_0: the input kernel (T, T),
@@ -141,17 +142,24 @@ def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32):
     softmax attention with random queries (0 = uniform causal attention, the zero-query
     map). Returns a KernelPrediction. Exact at init for SPA (W^Q = 0), Value-SkipInit and
     zero-query softmax in the wide limit; softmax with random queries is a mean-field
-    estimate (its notes say so)."""
+    estimate (its notes say so). batch=B: sigma_0 is the (B T, B T) kernel of a whole batch
+    (inputs.batch_input_kernel) and every kernel of the result is too; attention acts on
+    each sequence (norm_maps.batch_attention) and BatchNorm / PRepBN use batch statistics
+    (norm_maps); without it they use their initial running statistics (evaluation mode)."""
     if plan is None:
         plan = make_plan(config)
     if sigma_0 is None:
         sigma_0 = input_kernel(T=config.block_size, pos=config.pos, n_embd=config.n_embd)
     sigma_0 = np.asarray(sigma_0, dtype=np.float64)
-    T = sigma_0.shape[0]
-    if sigma_0.shape != (T, T) or T > config.block_size:
-        raise ValueError(f"sigma_0 must be (T, T) with T <= block_size={config.block_size}, "
+    B = batch or 1
+    T = sigma_0.shape[0] // B
+    if sigma_0.shape != (B * T, B * T) or T > config.block_size:
+        raise ValueError(f"sigma_0 must be (T, T) with T <= block_size={config.block_size} (times batch={B}), "
                          f"got shape {sigma_0.shape}")
-    maps = BlockMaps(config, plan.activation)
+    if batch and config.attention == "softmax" and not config.zero_query:
+        raise ValueError("predict_kernels(batch=...) needs a fixed attention matrix; softmax with random "
+                         "queries has only a per-sequence mean field")
+    maps = BlockMaps(config, plan.activation, batch=batch)
     pred = KernelPrediction(config=config, sigma_0=sigma_0)
     if config.attention == "softmax" and not config.zero_query:
         pred.notes.append("softmax attention with random W^Q, W^K: mean-field estimate "
@@ -166,7 +174,8 @@ def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32):
         if A is None:
             f_att = lambda X: softmax_attention_map(X, softmax_samples, seed=l)
         else:
-            f_att = lambda X, A=A: attention_map(X, A)
+            A_all = batch_attention(A, B) if batch else A            # (B T, B T): each sequence its own
+            f_att = lambda X, A=A_all: attention_map(X, A)
         h_att, S = maps.sublayer(S, f_att)
         h_mlp, S_out = maps.sublayer(S, maps.mlp_map)
         pred.layers.append(dict(attn_branch=h_att, attn=S, mlp_branch=h_mlp, mlp=S_out,

@@ -1,0 +1,217 @@
+"""The norms beyond LayerNorm / RMSNorm / DyT (docs/norms.md): BatchNorm with running
+statistics and an optional causal (prefix) form, RepBN and PRepBN (SLAB, Guo et al. 2024),
+and GroupNorm. Shapes: x (B, T, C); a statistic is per channel.
+
+    BatchNormOp   one fused op: y = (x - mu) r w + b, r = (var + eps)^-1/2, where mu and var
+                  are the batch statistics of each window (all B T tokens, or causal: the
+                  B (t + 1) tokens at positions <= t), with the closed-form backward through
+                  them, or fixed (running statistics: backward g w r)
+    batch_stats   those windows' statistics of a raw array
+    BatchNorm     batch statistics in training mode, running ones in evaluation mode
+    PRepBN        lambda LN(x) + (1 - lambda) (BN(x) + eta x), lambda 1 -> 0 over prepbn_steps
+    GroupNorm     per token, over G groups of C / G channels: fused.layer_norm on a (B, T, G,
+                  C / G) view, then a gain and bias per channel (G = 1 is LayerNorm)
+    build(cfg)    the layer of cfg.norm, for model.make_norm
+
+Running statistics move once per optimiser step (after_step), not per forward: the
+training forwards of a step record their (count, mean, var); after_step averages them,
+weighted by count, in an order fixed by their values (not by which worker thread finished
+first), and updates running <- (1 - momentum) running + momentum average. With threads
+(tensor.sharded_backward) or MPI ranks each slice normalises by its own batch statistics,
+as per-device BatchNorm does: the loss depends on how the batch is split, deterministically.
+Under MPI every rank keeps its own running statistics (rank 0's are checkpointed).
+
+Not here: LayerNorm, RMSNorm, DyT (nn.py); the train / eval flag (nn.Module.train); the
+kernel maps at init (signal/norm_maps.py); the future-leakage measurement (causality.py).
+"""
+import warnings
+
+import numpy as np
+
+from . import backend
+from .fused import LAYER_NORM_EPS, layer_norm
+from .nn import LayerNorm, Module, Parameter
+from .signal import BATCH_NORM_EPS
+from .tensor import Function, Tensor
+
+BN_MOMENTUM = 0.1  # running <- 0.9 running + 0.1 batch statistic per step (PyTorch's default)
+NON_CAUSAL = ("norm={norm!r} with norm_causal=False: its training-mode statistics pool every "
+              "position of a sequence, so a causal LM sees the future while training (docs/norms.md); "
+              "norm_causal=True pools positions <= t only")
+
+
+def _window_sum(a, causal):
+    """Sums of a (B, T, C) over each statistic's window: (1, T, C), the batch and positions
+    <= t (causal), or (1, 1, C), every token."""
+    s = a.sum(axis=0, keepdims=True)
+    return s.cumsum(axis=1) if causal else s.sum(axis=1, keepdims=True)
+
+
+def _window_adjoint(s, causal):
+    """The adjoint of _window_sum: at each position the sum of s over the windows holding it
+    (causal: over t >= position, a reversed cumulative sum); broadcast over the batch."""
+    return s[:, ::-1].cumsum(axis=1)[:, ::-1] if causal else s
+
+
+def _users_sum(a, causal):
+    """Sums of a (B, T, C) over the tokens each statistic normalises: per position (causal)
+    or all."""
+    return a.sum(axis=0, keepdims=True) if causal else a.sum(axis=(0, 1), keepdims=True)
+
+
+def batch_stats(x, causal):
+    """(shift, mean, var, n) of a raw (B, T, C) array: mean and var of x - shift over each
+    window, n its token count. shift is position 0's batch mean (every window holds it): it
+    keeps the one-pass variance E[(x - s)^2] - E[x - s]^2 from cancelling when a channel's
+    mean is large, and it changes nothing else (var does not depend on it)."""
+    xp = backend.xp_of(x)
+    B, T, _ = x.shape
+    shift = x[:, :1].mean(axis=0, keepdims=True)                         # (1, 1, C)
+    xs = x - shift
+    n = B * xp.arange(1, T + 1, dtype=x.dtype)[None, :, None] if causal else float(B * T)
+    mean = _window_sum(xs, causal) / n
+    var = xp.maximum(_window_sum(xs * xs, causal) / n - mean * mean, 0.0)  # rounding can go below 0
+    return shift, mean, var, n
+
+
+class BatchNormOp(Function):
+    """y = (x - shift - mean) r w + b with r = (var + eps)^-1/2, statistics per window (see
+    batch_stats). Backward, with gh = g w, xh = (x - shift - mean) r and per statistic k:
+    a_k = r_k sum(gh) / n_k, c_k = r_k^2 sum(gh xh) / n_k over the tokens k normalises,
+
+        gx = gh r - W*(a - mean c) - (x - shift) W*(c)       (W*: _window_adjoint)
+
+    which is LayerNorm's r (gh - mean(gh) - xh mean(gh xh)) over the batch when there is one
+    window. fixed=True (running statistics, which do not depend on x): gx = gh r."""
+
+    def forward(ctx, x, w, b, shift, mean, var, n=1.0, causal=False, fixed=False, eps=BATCH_NORM_EPS):
+        xs = x - shift
+        r = 1.0 / ctx.xp.sqrt(var + eps)
+        ctx.save(xs, mean, r, w)
+        ctx.n, ctx.causal, ctx.fixed = n, causal, fixed
+        return (xs - mean) * r * w + b
+
+    def backward(ctx, g):
+        xs, mean, r, w = ctx.saved
+        xh = (xs - mean) * r
+        gh = g * w
+        gw, gb = (g * xh).sum(axis=(0, 1)), g.sum(axis=(0, 1))
+        if ctx.fixed:
+            return gh * r, gw, gb
+        a = r * _users_sum(gh, ctx.causal) / ctx.n
+        c = r * r * _users_sum(gh * xh, ctx.causal) / ctx.n
+        gx = gh * r - _window_adjoint(a - mean * c, ctx.causal) - xs * _window_adjoint(c, ctx.causal)
+        return gx, gw, gb
+
+
+class BatchNorm(Module):
+    """Per channel over the batch and positions (causal: positions <= t), gain 1 and bias 0
+    at init, neither weight-decayed. Running statistics: buffers running_mean, running_var
+    ((1, C), or (block_size, C) per position when causal), initially 0 and 1, folded in once
+    per optimiser step by after_step (module docstring); used in evaluation mode."""
+
+    def __init__(self, dim, causal=False, block_size=1, momentum=BN_MOMENTUM, eps=BATCH_NORM_EPS,
+                 dtype="float32"):
+        super().__init__()
+        self.causal, self.momentum, self.eps = causal, momentum, eps
+        self.weight = Parameter(np.ones(dim), dtype=dtype, no_decay=True)
+        self.bias = Parameter(np.zeros(dim), dtype=dtype, no_decay=True)
+        rows = block_size if causal else 1
+        self.register_buffer("running_mean", backend.asarray(np.zeros((rows, dim)), dtype=dtype))
+        self.register_buffer("running_var", backend.asarray(np.ones((rows, dim)), dtype=dtype))
+        self.pending = []           # (tokens, mean, var) of this step's training forwards
+
+    def forward(self, x):
+        if self.training:
+            shift, mean, var, n = batch_stats(x.data, self.causal)
+            self.pending.append((x.shape[0] * x.shape[1], shift + mean, var))   # list.append: thread-safe
+            return BatchNormOp.apply(x, self.weight, self.bias, shift=shift, mean=mean, var=var, n=n,
+                                     causal=self.causal, eps=self.eps)
+        rows = slice(0, x.shape[1]) if self.causal else slice(0, 1)
+        return BatchNormOp.apply(x, self.weight, self.bias, shift=self.running_mean[None, rows], mean=0.0,
+                                 var=self.running_var[None, rows], fixed=True, eps=self.eps)
+
+    def after_step(self):
+        """Fold the pending batch statistics into the running ones, one momentum update per
+        window length: their token-weighted mean, summed in the order of their bytes."""
+        pending, self.pending = self.pending, []
+        pending.sort(key=lambda e: (e[1].shape[1], backend.to_numpy(e[1]).tobytes(),
+                                    backend.to_numpy(e[2]).tobytes()))
+        for T in sorted({e[1].shape[1] for e in pending}):
+            group = [e for e in pending if e[1].shape[1] == T]
+            total = float(sum(e[0] for e in group))
+            mean = sum(e[1][0] * (e[0] / total) for e in group)          # (T, C) or (1, C)
+            var = sum(e[2][0] * (e[0] / total) for e in group)
+            m = self.momentum
+            rm, rv = self.running_mean.copy(), self.running_var.copy()
+            rm[:T], rv[:T] = rm[:T] * (1.0 - m) + mean * m, rv[:T] * (1.0 - m) + var * m
+            self.running_mean, self.running_var = rm, rv
+
+
+class PRepBN(Module):
+    """Progressive re-parameterised BatchNorm (SLAB): y = lambda LN(x) + (1 - lambda) RepBN(x),
+    RepBN(x) = BN(x) + eta x with a trainable scalar eta (init 1, not weight-decayed), and
+    lambda = 1 - min(s, steps) / steps after s optimiser steps (0 when steps = 0). s is the
+    buffer steps_done, advanced by after_step, so a checkpoint holds the schedule. The same
+    mixture is used in both modes (evaluation: BN's running statistics); at lambda = 1 the
+    evaluation skips BN, at lambda = 0 both modes skip LN (either term is then exactly 0)."""
+
+    def __init__(self, dim, steps, causal=False, block_size=1, eps=LAYER_NORM_EPS, dtype="float32"):
+        super().__init__()
+        self.steps = steps
+        self.ln = LayerNorm(dim, eps=eps, dtype=dtype)
+        self.bn = BatchNorm(dim, causal=causal, block_size=block_size, dtype=dtype)
+        self.eta = Parameter(np.ones(1), dtype=dtype, no_decay=True)
+        self.register_buffer("steps_done", np.zeros(1, dtype=np.int64))
+
+    @property
+    def lam(self):
+        s = int(self.steps_done[0])
+        return 1.0 - min(s, self.steps) / self.steps if self.steps else 0.0
+
+    def forward(self, x):
+        lam = self.lam
+        if lam == 1.0 and not self.training:
+            return self.ln(x)
+        rep = self.bn(x) + x * self.eta
+        if lam == 0.0:
+            return rep
+        return self.ln(x) * lam + rep * (1.0 - lam)
+
+    def after_step(self):
+        self.steps_done = self.steps_done + 1
+
+
+class GroupNorm(Module):
+    """Per token over `groups` groups of dim / groups channels: each group normalised to mean
+    0 and variance 1 (fused.layer_norm on the grouped view, gain 1 and bias 0), then a gain
+    (init 1) and a bias (init 0) per channel, neither weight-decayed."""
+
+    def __init__(self, dim, groups, eps=LAYER_NORM_EPS, dtype="float32"):
+        super().__init__()
+        if dim % groups:
+            raise ValueError(f"GroupNorm: dim={dim} is not divisible by groups={groups}")
+        self.groups, self.eps = groups, eps
+        self.weight = Parameter(np.ones(dim), dtype=dtype, no_decay=True)
+        self.bias = Parameter(np.zeros(dim), dtype=dtype, no_decay=True)
+        m = dim // groups
+        self.unit = (Tensor(backend.asarray(np.ones(m), dtype=dtype)), Tensor(backend.asarray(np.zeros(m), dtype=dtype)))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        h = layer_norm(x.reshape(B, T, self.groups, C // self.groups), *self.unit, self.eps)
+        return h.reshape(B, T, C) * self.weight + self.bias
+
+
+def build(cfg):
+    """The norm layer of cfg.norm when it is one of this module's (else None)."""
+    if cfg.norm == "groupnorm":
+        return GroupNorm(cfg.n_embd, cfg.norm_groups, dtype=cfg.dtype)
+    if cfg.norm not in ("batchnorm", "prepbn"):
+        return None
+    if not cfg.norm_causal:
+        warnings.warn(NON_CAUSAL.format(norm=cfg.norm))   # shown once per process (one source line)
+    options = dict(causal=cfg.norm_causal, block_size=cfg.block_size, dtype=cfg.dtype)
+    if cfg.norm == "batchnorm":
+        return BatchNorm(cfg.n_embd, **options)
+    return PRepBN(cfg.n_embd, cfg.prepbn_steps, **options)
