@@ -11,7 +11,9 @@ structure as nanospa.model.GPT:
                      zero_query, exact), or for softmax with random W^Q, W^K a mean-field
                      estimate (maps.softmax_attention_map)
     MLP              maps.MLPMap: the C-map on correlations with the Q-map on the diagonal
-    residual, norm   maps.BlockMaps
+    residual, norm   maps.BlockMaps (DeepNorm's alpha, beta included); nGPT: maps.NGPTMaps
+    RealFormer       carried logits: zero where W^Q = 0 (exact), else the layers' Gaussian
+                     logits add (mean field, maps.softmax_attention_map's logit_kernels)
 
 "Wide limit" means n_embd -> inf with the model's own initialisation (docs/method.md
 §2.4): the predictions hold exactly there, and at finite width up to O(d^-1/2) fluctuations
@@ -35,7 +37,7 @@ from .attn_bias import layer_bias, realise
 from .budget import make_plan
 from .inputs import input_kernel
 from .kernels import kernel_stats, spa_kernel, uniform_causal_attention, value_skipinit_attention
-from .maps import BlockMaps, attention_map, softmax_attention_map
+from .maps import block_maps
 
 SUBLAYERS = ("attn_branch", "attn", "mlp_branch", "mlp")
 
@@ -131,7 +133,7 @@ class KernelPrediction:
         return "\n".join(lines)
 
 
-def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32):
+def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32, maps=None):
     """Predicted (wide-limit) kernels of GPT(config) at initialisation after every sublayer.
 
     config: a GPTConfig (read by duck typing). sigma_0: the input kernel (T, T),
@@ -141,7 +143,8 @@ def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32):
     softmax attention with random queries (0 = uniform causal attention, the zero-query
     map). Returns a KernelPrediction. Exact at init for SPA (W^Q = 0), Value-SkipInit and
     zero-query softmax in the wide limit; softmax with random queries is a mean-field
-    estimate (its notes say so)."""
+    estimate (its notes say so). maps: the sublayer maps (default maps.block_maps(config,
+    plan.activation): BlockMaps, or NGPTMaps for nGPT, whose kernels have q = 1 / n_embd)."""
     if plan is None:
         plan = make_plan(config)
     if sigma_0 is None:
@@ -151,7 +154,8 @@ def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32):
     if sigma_0.shape != (T, T) or T > config.block_size:
         raise ValueError(f"sigma_0 must be (T, T) with T <= block_size={config.block_size}, "
                          f"got shape {sigma_0.shape}")
-    maps = BlockMaps(config, plan.activation)
+    maps = block_maps(config, plan.activation) if maps is None else maps
+    sigma_0 = maps.embedding(sigma_0)
     pred = KernelPrediction(config=config, sigma_0=sigma_0)
     if config.attention == "softmax" and not config.zero_query:
         pred.notes.append("softmax attention with random W^Q, W^K: mean-field estimate "
@@ -159,16 +163,17 @@ def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32):
                           if softmax_samples > 0 else
                           "softmax attention with random W^Q, W^K: approximated by uniform "
                           "causal attention")
+    carried = [] if getattr(config, "residual_attention", False) else None   # RealFormer's logits
+    if carried is not None:
+        pred.notes.append("residual_attention: the carried scores are zero at init where W^Q = 0; "
+                          "with random W^Q, W^K the layers' independent Gaussian logits add")
     targets = plan_targets(plan, T)
     S = sigma_0
     for l in range(1, config.n_layer + 1):
         A = effective_attention(config, plan, l, T)
-        if A is None:
-            f_att = lambda X: softmax_attention_map(X, softmax_samples, seed=l)
-        else:
-            f_att = lambda X, A=A: attention_map(X, A)
+        f_att = lambda X, A=A, l=l: maps.attention(X, A, softmax_samples, seed=l, carried=carried)
         h_att, S = maps.sublayer(S, f_att)
-        h_mlp, S_out = maps.sublayer(S, maps.mlp_map)
+        h_mlp, S_out = maps.sublayer(S, maps.mlp)
         pred.layers.append(dict(attn_branch=h_att, attn=S, mlp_branch=h_mlp, mlp=S_out,
                                 target=targets[l - 1], A=A))
         S = S_out
