@@ -213,3 +213,11 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch):
     assert cfg["residual"] == "ngpt"
     wte = w["model/wte.weight"].astype(np.float64)
     np.testing.assert_allclose(np.linalg.norm(wte, axis=1), 1.0, atol=1e-6)
+
+
+def test_blockwise_attention_is_the_dense_one():
+    """attention_impl="blockwise" gets nGPT's normalised q, k and scale sqrt(d_k) too."""
+    dense = GPT(tiny(attention_impl="dense"))
+    blockwise = GPT(tiny(attention_impl="blockwise", attention_block=4))
+    perturb(dense), perturb(blockwise)
+    np.testing.assert_allclose(blockwise(IDX)[0].data, dense(IDX)[0].data, rtol=1e-12, atol=1e-12)
