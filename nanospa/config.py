@@ -11,13 +11,14 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
+from . import schemes
 from .signal import BUDGETS, POSITIONS, shaped_activation_names, split_activation
 from .signal.kernels import DEFAULT_RHO_FINAL
 
 ATTENTIONS = ("softmax", "value_skipinit", "uspa", "espa")
 BASE_ACTIVATIONS = ("relu", "gelu", "gelu_exact", "sigmoid", "tanh", "leaky_relu", "softplus",
                     "elu", "swish", "linear")
-RESIDUALS = ("none", "standard", "normalised")
+RESIDUALS = ("none", "standard", "normalised", "deepnorm", "ngpt")   # the last two: docs/residuals.md
 NORMS = ("none", "layernorm", "rmsnorm", "dyt", "batchnorm", "prepbn", "groupnorm")
 BATCH_NORMS = ("batchnorm", "prepbn")  # statistics over the batch and positions (nanospa/norms.py)
 NORM_POSITIONS = ("pre", "post")
@@ -36,7 +37,7 @@ class GPTConfig:
     mlp_ratio: int = 4             # MLP hidden width = mlp_ratio * n_embd
     attention: str = "espa"        # softmax | value_skipinit | uspa | espa
     activation: str = "tat_lrelu"  # plain: relu, gelu, ...; shaped: dks_gelu, tat_lrelu, tat_gelu, ...
-    residual: str = "none"         # none | standard | normalised
+    residual: str = "none"         # none | standard | normalised | deepnorm | ngpt (docs/residuals.md)
     residual_beta: float = 0.1     # branch weight b of a normalised residual (a = sqrt(1 - b^2))
     norm: str = "none"             # none | layernorm | rmsnorm | dyt | batchnorm | prepbn | groupnorm (docs/norms.md)
     norm_causal: bool = False      # batchnorm, prepbn: statistics over positions <= t only (no future leakage)
@@ -60,6 +61,7 @@ class GPTConfig:
     bias: bool = False             # bias vectors in linear layers
     attention_impl: str = "auto"   # auto (dense at short T, else blockwise: nanospa/attention.py) | dense | blockwise
     attention_block: int = 0       # blockwise attention's query/key block size; 0 = chosen by T
+    residual_attention: bool = False  # RealFormer: pre-softmax scores carried to the next layer (dense only)
 
     def __post_init__(self):
         def choice(name, allowed):
@@ -111,6 +113,7 @@ class GPTConfig:
         if self.shaping_depth < 0:
             raise ValueError(f"GPTConfig.shaping_depth must be >= 0, got {self.shaping_depth}")
         self._check_norm_fields()
+        schemes.check_config(self)          # deepnorm, ngpt, residual_attention (docs/residuals.md)
 
     def _check_norm_fields(self):
         """norm_groups, prepbn_steps, norm_causal (docs/norms.md)."""

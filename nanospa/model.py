@@ -11,6 +11,9 @@ A block is an attention sublayer then an MLP sublayer, combined as ``residual`` 
     residual="standard", N, pre      X' = X + MHA(N(X));          X_out = X' + MLP(N(X'))  (Pre-LN)
     residual="standard", N, post     X' = N(X + MHA(X));          X_out = N(X' + MLP(X'))  (Post-LN)
     residual="normalised"            X' = a X + b MHA(N(X)),  a^2 + b^2 = 1 (b = residual_beta)
+    residual="deepnorm", N, post     X' = N(alpha X + MHA(X)), alpha = (2L)^(1/4)   (schemes.py)
+    residual="ngpt"                  ngpt.Block: X' = Norm(X + alpha_A (Norm(MHA(X)) - X))  (ngpt.py)
+    residual_attention=True          RealFormer: the scores Q K^T / sqrt(D) + previous layer's (schemes.py)
 
 Attention (per head h; B_l, D_l fixed by nanospa.signal; dense or blockwise, see Attention):
 
@@ -43,7 +46,9 @@ import numpy as np
 from . import attention
 from . import backend
 from . import fused
+from . import ngpt
 from . import norms
+from . import schemes
 from . import signal
 from .signal.attn_bias import bias_block, layer_parts
 from .functions import Shaped
@@ -111,6 +116,8 @@ class Attention(Module):
         C, H, dt = cfg.n_embd, cfg.n_head, cfg.dtype
         self.n_head, self.kind, self.dtype = H, cfg.attention, dt
         self.impl = attention.implementation(cfg.attention_impl, cfg.block_size)
+        if cfg.residual_attention:                                   # RealFormer carries (B, H, T, T)
+            self.impl = "dense"                                      # scores (config refuses blockwise)
         self.block, self.bias_parts = cfg.attention_block, None
         self.q = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)      # each Linear draws N(0, 1/C)
         self.k = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
@@ -118,6 +125,7 @@ class Attention(Module):
         self.proj = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
         self.v.weight.data = weight(orthogonal(rng, C, C), dt)       # W^V orthogonal
         self.proj.weight.data = weight(orthogonal(rng, C, C), dt)    # W^O orthogonal
+        self.qk_norm = ngpt.QKNorm(cfg) if cfg.residual == "ngpt" else None  # nGPT: unit q, k per head
         if cfg.attention != "softmax" or cfg.zero_query:
             self.q.weight.data = weight(np.zeros((C, C)), dt)        # W^Q = 0: A_l set by B_l, D_l
         if cfg.attention in ("uspa", "espa"):
@@ -138,19 +146,25 @@ class Attention(Module):
             self.alpha = Parameter(np.ones(shape), no_decay=True, dtype=dt)
             self.beta = Parameter(np.zeros(shape), no_decay=True, dtype=dt)
 
-    def forward(self, x, record=None):
+    def forward(self, x, record=None, carry=None):
         B, T, C = x.shape
         H, D = self.n_head, C // self.n_head
         q = self.q(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # (B, T, C) -> (B, H, T, D)
         k = self.k(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)
         v = self.v(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)
+        scale = 1.0 / math.sqrt(D)
+        if self.qk_norm is not None:                                # nGPT: logits sqrt(D) q_hat . k_hat
+            q, k, scale = self.qk_norm(q), self.qk_norm(k), self.qk_norm.scale(D)
         if self.impl == "blockwise" and record is None:             # (B, H, T, D), no (T, T) matrix
             trained = self.B if isinstance(getattr(self, "B", None), Tensor) else None
             fixed = self.generated_bias if self.bias_parts is not None else None
-            y = attention.causal_attention(q, k, v, 1.0 / math.sqrt(D), self.block, trained, fixed)
+            y = attention.causal_attention(q, k, v, scale, self.block, trained, fixed)
         else:
             bias, causal = self.logit_bias(T)
-            P = fused.softmax(q @ k.transpose(0, 1, 3, 2), bias, scale=1.0 / math.sqrt(D), causal=causal)  # (B, H, T, T)
+            scores = q @ k.transpose(0, 1, 3, 2)                    # (B, H, T, T)
+            if carry is not None:                                   # RealFormer: + S_{l-1}; B_l added fresh
+                scores, scale = schemes.carry_scores(carry, scores * scale), 1.0
+            P = fused.softmax(scores, bias, scale=scale, causal=causal)  # (B, H, T, T)
             y = P @ v                                               # (B, H, T, D)
         if self.kind in ("uspa", "espa"):
             y = signal.rescale(y, self.D)                           # row i scaled by D_l[i]
@@ -218,8 +232,9 @@ class Block(Module):
         self.attn = Attention(cfg, layer, plan, rng)
         self.mlp = MLP(cfg, act, rng)
         self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
-        self.a = math.sqrt(1.0 - cfg.residual_beta ** 2)
-        self.b = float(cfg.residual_beta)
+        self.a, self.b = schemes.residual_weights(cfg)       # a x + b f(x): normalised, deepnorm
+        if cfg.residual == "deepnorm":
+            schemes.deepnorm_init(self, cfg.n_layer)          # W^V, W^O, W_1, W_2 times beta
 
     def sublayer(self, x, f, norm, record=None, key=None):
         if norm is not None and self.position == "pre":
@@ -230,14 +245,14 @@ class Block(Module):
             record[key] = h.data
         if self.residual == "standard":
             h = x + h
-        elif self.residual == "normalised":
+        elif self.residual in ("normalised", "deepnorm"):
             h = x * self.a + h * self.b
         if norm is not None and self.position == "post":
             h = norm(h)
         return h
 
-    def forward(self, x, record=None):
-        x = self.sublayer(x, lambda u: self.attn(u, record), self.norm1, record, "attn_out")
+    def forward(self, x, record=None, carry=None):
+        x = self.sublayer(x, lambda u: self.attn(u, record, carry), self.norm1, record, "attn_out")
         return self.sublayer(x, self.mlp, self.norm2)
 
 
@@ -256,15 +271,23 @@ class GPT(Module):
         self.plan = signal.make_plan(cfg)  # the kernel budget: schedule, activation targets (float64)
         act = ShapedActivation(self.plan.activation)
         C, dt = cfg.n_embd, cfg.dtype
-        self.wte = Embedding(cfg.vocab_size, C, std=math.sqrt(signal.token_variance(cfg.pos)), rng=rng, dtype=dt)
+        nG = cfg.residual == "ngpt"                        # nGPT's own embedding, blocks, head (ngpt.py)
+        if nG:
+            self.wte = ngpt.Embedding(cfg.vocab_size, C, rng=rng, dtype=dt)
+        else:
+            self.wte = Embedding(cfg.vocab_size, C, std=math.sqrt(signal.token_variance(cfg.pos)), rng=rng, dtype=dt)
         self.wpe = None
         if cfg.pos == "learned":
             self.wpe = Embedding(cfg.block_size, C, std=math.sqrt(signal.POS_VARIANCE), rng=rng, dtype=dt)
         elif cfg.pos == "sinusoidal":
             self.register_buffer("pe", weight(signal.sinusoidal_encoding(cfg.block_size, C), dt))
-        self.blocks = [Block(cfg, layer, self.plan, act, rng) for layer in range(1, cfg.n_layer + 1)]
+        self.blocks = [ngpt.Block(cfg, Attention(cfg, layer, self.plan, rng), act, rng) if nG
+                       else Block(cfg, layer, self.plan, act, rng) for layer in range(1, cfg.n_layer + 1)]
         self.ln_f = make_norm(cfg) if cfg.uses_final_norm else None
-        self.head = Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
+        if nG:
+            self.head = ngpt.Head(C, cfg.vocab_size, rng=rng, dtype=dt)
+        else:
+            self.head = Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
 
     @property
     def activation(self):
@@ -287,9 +310,10 @@ class GPT(Module):
         x = self.embed(idx)
         if record is not None:
             record.hidden.append(backend.to_numpy(x.data))
+        carry = {} if self.config.residual_attention else None   # RealFormer's scores, block to block
         for block in self.blocks:
             layer = {} if record is not None else None
-            x = block(x, layer)
+            x = block(x, layer, carry)
             if record is not None:
                 record.hidden.append(backend.to_numpy(x.data))
                 record.attn_out.append(backend.to_numpy(layer["attn_out"]))

@@ -59,12 +59,17 @@ def test_error_lists_the_allowed_values():
     assert "'tat_lrelu'" in str(e.value) and "'relu'" in str(e.value)   # plain and shaped names
 
 
+NEEDS = {("residual", "deepnorm"): dict(norm="layernorm", norm_position="post"),   # docs/residuals.md
+         ("residual", "ngpt"): dict(attention="softmax", activation="swish")}
+
+
 def test_every_listed_choice_is_accepted():
     for name, allowed in (("attention", ATTENTIONS), ("residual", RESIDUALS), ("norm", NORMS),
                           ("norm_position", NORM_POSITIONS), ("pos", POSITIONS), ("dtype", DTYPES),
                           ("kernel_budget", BUDGETS), ("activation", BASE_ACTIVATIONS)):
         for value in allowed:
-            assert getattr(GPTConfig(**{name: value}), name) == value
+            companions = NEEDS.get((name, value), {})     # choices that refuse the defaults' fields
+            assert getattr(GPTConfig(**{name: value}, **companions), name) == value
     for shaped in ("tat_lrelu", "dks_gelu", "tat_gelu"):
         GPTConfig(activation=shaped)
     assert GPTConfig(n_layer=np.int64(3)).n_layer == 3                 # numpy integers are integers

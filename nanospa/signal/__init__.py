@@ -14,8 +14,9 @@ qc_maps.py        quadrature and the Q/C maps of an activation (docs/activations
 depth_targets.py  per-layer targets from network-level ones (docs/activations.md §6)
 act_transform.py  the DKS and TAT solvers (docs/activations.md §3-§5, §7)
 inputs.py         the input kernel Sigma_0 and positional encodings (§11)
-maps.py           the wide-limit kernel map of each sublayer (§3.2, §10)
+maps.py           the wide-limit kernel map of each sublayer (§3.2, §10; DeepNorm, nGPT)
 norm_maps.py      BatchNorm (batch kernels), causal BatchNorm, PRepBN at init, GroupNorm (docs/norms.md)
+residuals.py      the constants of DeepNorm and nGPT (docs/residuals.md)
 predict.py        predicted kernels of a whole model at init (§2.2, §13)
 walks.py, budget.py  the kernel-budget policies and make_plan (docs/kernel_budget.md)
 table.py          the per-layer derivation that `python -m nanospa.signal` prints

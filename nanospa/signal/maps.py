@@ -6,13 +6,15 @@
     softmax_attention_map  the mean field of causal softmax with random W^Q, W^K
     MLPMap                 Sigma'_ij = E[phi_hat(u_i) phi_hat(u_j)], u ~ N(0, Sigma)
     normalise, dyt_map     LayerNorm / RMSNorm / GroupNorm (Sigma -> C) and DyT
-    BlockMaps              one configuration's residual and norm arrangement (BatchNorm and
-                           PRepBN through norm_maps.init_norm_map)
+    BlockMaps              one configuration's residual and norm arrangement (DeepNorm included;
+                           BatchNorm and PRepBN through norm_maps.init_norm_map)
+    NGPTMaps, block_maps   nGPT's normalised interpolation; the maps of a configuration
 
 Not here: the input kernel (inputs.py), the walk through a whole model (predict.py), the
 attention matrices themselves (attn_bias.py) and the activation's parameters
 (act_transform.py). Everything is float64 NumPy. The model configuration is read by duck
-typing (its residual, residual_beta, norm, norm_position and uses_final_norm fields).
+typing (its residual, residual_beta, norm, norm_position and uses_final_norm fields; n_layer
+for DeepNorm, n_embd and mlp_ratio for nGPT).
 """
 import numpy as np
 
@@ -20,6 +22,7 @@ from .act_transform import activation_transform
 from .kernels import flush, normalised_kernel, uniform_causal_attention
 from .norm_maps import init_norm_map
 from .qc_maps import LocalMaps
+from .residuals import NGPT_ALPHA_INIT, deepnorm_alpha, deepnorm_beta, ngpt_value
 
 DYT_ALPHA = 0.5             # DyT's initial alpha: DyT(x) = tanh(alpha x) at init (the model uses it)
 C_RANGE_TOL = 1e-12         # C^-1 accepts c this far outside [C(-1), 1] (rounding)
@@ -32,7 +35,13 @@ def attention_map(Sigma, A):
     return flush(A @ Sigma @ A.T)
 
 
-def softmax_attention_map(Sigma, n_samples=32, seed=0):
+def _root(K):
+    """R with R R^T = K (symmetric eigendecomposition, negative rounding clipped)."""
+    w, V = np.linalg.eigh(K)
+    return V * np.sqrt(np.clip(w, 0.0, None))
+
+
+def softmax_attention_map(Sigma, n_samples=32, seed=0, logit_kernels=None):
     """Mean-field kernel map of causal softmax attention with random W^Q, W^K ~ N(0, 1/d)
     at init, estimated by Monte Carlo: in the wide limit the logits of one head are a
     Gaussian matrix with Cov(l_ij, l_i'j') = Sigma_ii' Sigma_jj' (queries and keys are
@@ -44,18 +53,24 @@ def softmax_attention_map(Sigma, n_samples=32, seed=0):
     gives the expectation. n_samples = 0 returns the uniform-attention approximation
     P = E[P] (exact with zero queries, and the mean of P when all q-values are equal).
     The estimate is seeded (deterministic); its Monte Carlo error is O(n_samples^-1/2)
-    relative to the off-uniform part."""
+    relative to the off-uniform part.
+
+    logit_kernels: the kernels K_1..K_m whose logit matrices add, G = sum_k R_k Z_k R_k^T
+    with independent Z_k (default [Sigma]): RealFormer's carried scores (the layers' own
+    independent W^Q, W^K) and nGPT's logits, drawn from the normalised kernel
+    (docs/residuals.md). The values are always Sigma."""
     T = Sigma.shape[0]
     P0 = uniform_causal_attention(T)
     if n_samples <= 0:
         return attention_map(Sigma, P0)
     rng = np.random.default_rng(seed)
-    w, V = np.linalg.eigh(Sigma)
-    root = V * np.sqrt(np.clip(w, 0.0, None))                  # root root^T = Sigma
+    roots = [_root(K) for K in (logit_kernels if logit_kernels is not None else [Sigma])]
     mask = np.tril(np.ones((T, T), dtype=bool))
     out = np.zeros_like(Sigma)
     for _ in range(n_samples):
-        G = root @ rng.standard_normal((T, T)) @ root.T
+        G = roots[0] @ rng.standard_normal((T, T)) @ roots[0].T
+        for root in roots[1:]:
+            G = G + root @ rng.standard_normal((T, T)) @ root.T
         G = np.where(mask, G, -np.inf)
         G -= G.max(axis=1, keepdims=True)
         P = np.exp(G)
@@ -126,17 +141,26 @@ class BlockMaps:
         residual none        X' = f(N(X))
         residual standard    X' = X + f(N(X))          (pre)   N(X + f(X)) (post)
         residual normalised  X' = a X + b f(N(X)),  a^2 + b^2 = 1
+        residual deepnorm    X' = N(alpha X + f_beta(X))      (Post-LN, docs/residuals.md §1)
 
     applied to kernels: sublayer(Sigma, f) -> (branch kernel, combined kernel). The cross
     terms of a residual vanish because W^O and W_2 are random orthogonal matrices
     independent of X. batch: None for kernels of one sequence (BatchNorm and PRepBN in
-    evaluation mode), or B for kernels of a whole batch (training mode: norm_maps)."""
+    evaluation mode), or B for kernels of a whole batch (training mode: norm_maps).
+    DeepNorm's f_beta is the branch with W^V, W^O, W_1, W_2 scaled by
+    beta: attention(...) multiplies the attention branch by beta^4, mlp(...) is
+    beta^2 F(beta^2 Sigma). With RealFormer (cfg.residual_attention) the logits of a
+    softmax layer with random queries add the previous layers' (attention(carried=...))."""
 
     def __init__(self, cfg, activation, batch=None):
         self.cfg, self.batch = cfg, batch
         self.mlp_map = MLPMap(activation)
         self.a2 = 1.0 - cfg.residual_beta ** 2
         self.b2 = cfg.residual_beta ** 2
+        self.gain2 = None                                    # beta^2: one beta-scaled matrix
+        if cfg.residual == "deepnorm":
+            self.a2 = deepnorm_alpha(cfg.n_layer) ** 2       # the kernel of alpha X; f's weight is 1
+            self.gain2 = deepnorm_beta(cfg.n_layer) ** 2
 
     def norm(self, Sigma):
         if self.cfg.norm in ("layernorm", "rmsnorm"):
@@ -147,8 +171,41 @@ class BlockMaps:
             return init_norm_map(Sigma, self.cfg, self.batch)
         return Sigma
 
+    def embedding(self, Sigma_0):
+        """The kernel of the embedding output for a given input kernel (here itself)."""
+        return Sigma_0
+
     def branch_input(self, Sigma):
         return self.norm(Sigma) if self.cfg.norm_position == "pre" else Sigma
+
+    def logit_kernel(self, Sigma_in):
+        """The kernel K whose Gaussian logits Cov = K_ii' K_jj' random W^Q, W^K give."""
+        return Sigma_in
+
+    def attention(self, Sigma_in, A=None, n_samples=32, seed=0, carried=None):
+        """The attention branch's kernel: A Sigma A^T for a known A (exact at init), else
+        the softmax mean field (softmax_attention_map). carried: None, or RealFormer's list
+        of the logit kernels of the softmax layers before, to which this layer's is appended.
+        DeepNorm: times beta^4 (W^V and W^O scaled by beta; the logits are not)."""
+        if A is not None:
+            h = attention_map(Sigma_in, A)
+        else:
+            K = self.logit_kernel(Sigma_in)
+            kernels = [K] if carried is None else carried + [K]
+            if carried is not None:
+                carried.append(K)
+            h = softmax_attention_map(Sigma_in, n_samples, seed, logit_kernels=kernels)
+        return self.scale_attention(h)
+
+    def scale_attention(self, h):
+        """DeepNorm's beta^4 on an attention branch kernel (h itself otherwise)."""
+        return h if self.gain2 is None else self.gain2 ** 2 * h
+
+    def mlp(self, Sigma_in):
+        """The MLP branch's kernel: F(Sigma) (MLPMap), DeepNorm beta^2 F(beta^2 Sigma)."""
+        if self.gain2 is None:
+            return self.mlp_map(Sigma_in)
+        return self.gain2 * self.mlp_map(self.gain2 * Sigma_in)
 
     def combine(self, Sigma_x, Sigma_h):
         r = self.cfg.residual
@@ -156,6 +213,8 @@ class BlockMaps:
             out = Sigma_x + Sigma_h
         elif r == "normalised":
             out = self.a2 * Sigma_x + self.b2 * Sigma_h
+        elif r == "deepnorm":
+            out = self.a2 * Sigma_x + Sigma_h
         else:
             out = Sigma_h
         if self.cfg.norm != "none" and self.cfg.norm_position == "post":
@@ -168,3 +227,56 @@ class BlockMaps:
 
     def final(self, Sigma):
         return self.norm(Sigma) if self.cfg.uses_final_norm else Sigma
+
+
+class NGPTMaps(BlockMaps):
+    """nGPT's sublayers in the wide limit at init (docs/residuals.md §3). Every hidden state
+    is a unit vector, so its kernel X X^T / d is C / d with C unit-diagonal, and
+
+        embedding    Sigma_0 -> C_0 / d                          (rows normalised)
+        attention    h_A = E[P Sigma P^T], P = softmax_causal(G),  Cov(G_ij, G_i'j') = s^4 C_ii' C_jj'
+                     (q, k normalised per head, logits sqrt(d_k) s_qk^2 q.k: the softmax mean
+                     field of the correlation C; values W^V, output W^O with unit columns / rows)
+        MLP          h_M = m Sigma o F(s_v^2 d Sigma),  F(K) = E[phi(u) phi(u)^T], u ~ N(0, K)
+                     (u = h W_u: kernel Sigma; nu = s_v sqrt(d) h W_nu: kernel s_v^2 d Sigma = C;
+                     m = mlp_ratio; u and nu independent, so the gated product multiplies)
+        update       h <- Norm((1 - alpha) h + alpha Norm(h_B)):
+                     Sigma' = normalise((1 - alpha)^2 C + alpha^2 C_B) / d
+
+    (cross terms vanish: W^O and the MLP's output matrix are random and independent of h).
+    alpha: alpha_A = alpha_M (both NGPT_ALPHA_INIT at init; a test may pass another)."""
+
+    def __init__(self, cfg, activation, alpha=NGPT_ALPHA_INIT):
+        super().__init__(cfg, activation)
+        self.d, self.m, self.alpha = cfg.n_embd, cfg.mlp_ratio, float(alpha)
+        self.s_qk2, self.s_v2 = ngpt_value("s_qk") ** 2, ngpt_value("s_v") ** 2
+
+    def embedding(self, Sigma_0):
+        return normalise(Sigma_0) / self.d
+
+    def branch_input(self, Sigma):
+        return Sigma
+
+    def logit_kernel(self, Sigma_in):
+        return self.s_qk2 * normalise(Sigma_in)
+
+    def mlp(self, Sigma_in):
+        return self.m * Sigma_in * self.mlp_map(self.s_v2 * self.d * Sigma_in)
+
+    def combine(self, Sigma_x, Sigma_h):
+        a = self.alpha
+        return normalise((1.0 - a) ** 2 * normalise(Sigma_x) + a ** 2 * normalise(Sigma_h)) / self.d
+
+    def final(self, Sigma):
+        return Sigma
+
+
+def block_maps(cfg, activation, batch=None):
+    """The sublayer maps of cfg: NGPTMaps for residual="ngpt", else BlockMaps (batch: see
+    BlockMaps; nGPT has no batch statistics, so it takes kernels of one sequence only)."""
+    if cfg.residual == "ngpt":
+        if batch:
+            raise ValueError("predict_kernels(batch=...) is for batch statistics; nGPT has none: "
+                             "predict one sequence's kernel")
+        return NGPTMaps(cfg, activation)
+    return BlockMaps(cfg, activation, batch=batch)

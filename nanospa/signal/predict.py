@@ -11,7 +11,9 @@ structure as nanospa.model.GPT:
                      zero_query, exact), or for softmax with random W^Q, W^K a mean-field
                      estimate (maps.softmax_attention_map)
     MLP              maps.MLPMap: the C-map on correlations with the Q-map on the diagonal
-    residual, norm   maps.BlockMaps
+    residual, norm   maps.BlockMaps (DeepNorm's alpha, beta included); nGPT: maps.NGPTMaps
+    RealFormer       carried logits: zero where W^Q = 0 (exact), else the layers' Gaussian
+                     logits add (mean field, maps.softmax_attention_map's logit_kernels)
 
 "Wide limit" means n_embd -> inf with the model's own initialisation (docs/method.md
 §2.4): the predictions hold exactly there, and at finite width up to O(d^-1/2) fluctuations
@@ -35,7 +37,7 @@ from .attn_bias import layer_bias, realise
 from .budget import make_plan
 from .inputs import input_kernel
 from .kernels import kernel_stats, spa_kernel, uniform_causal_attention, value_skipinit_attention
-from .maps import BlockMaps, attention_map, softmax_attention_map
+from .maps import block_maps
 from .norm_maps import batch_attention
 
 SUBLAYERS = ("attn_branch", "attn", "mlp_branch", "mlp")
@@ -132,7 +134,7 @@ class KernelPrediction:
         return "\n".join(lines)
 
 
-def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32, batch=None):
+def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32, batch=None, maps=None):
     """Predicted (wide-limit) kernels of GPT(config) at initialisation after every sublayer.
 
     config: a GPTConfig (read by duck typing). sigma_0: the input kernel (T, T),
@@ -145,7 +147,9 @@ def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32, batch=N
     estimate (its notes say so). batch=B: sigma_0 is the (B T, B T) kernel of a whole batch
     (inputs.batch_input_kernel) and every kernel of the result is too; attention acts on
     each sequence (norm_maps.batch_attention) and BatchNorm / PRepBN use batch statistics
-    (norm_maps); without it they use their initial running statistics (evaluation mode)."""
+    (norm_maps); without it they use their initial running statistics (evaluation mode).
+    maps: the sublayer maps (default maps.block_maps(config, plan.activation, batch): BlockMaps,
+    or NGPTMaps for nGPT, whose kernels have q = 1 / n_embd)."""
     if plan is None:
         plan = make_plan(config)
     if sigma_0 is None:
@@ -159,7 +163,8 @@ def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32, batch=N
     if batch and config.attention == "softmax" and not config.zero_query:
         raise ValueError("predict_kernels(batch=...) needs a fixed attention matrix; softmax with random "
                          "queries has only a per-sequence mean field")
-    maps = BlockMaps(config, plan.activation, batch=batch)
+    maps = block_maps(config, plan.activation, batch=batch) if maps is None else maps
+    sigma_0 = maps.embedding(sigma_0)
     pred = KernelPrediction(config=config, sigma_0=sigma_0)
     if config.attention == "softmax" and not config.zero_query:
         pred.notes.append("softmax attention with random W^Q, W^K: mean-field estimate "
@@ -167,17 +172,18 @@ def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32, batch=N
                           if softmax_samples > 0 else
                           "softmax attention with random W^Q, W^K: approximated by uniform "
                           "causal attention")
+    carried = [] if getattr(config, "residual_attention", False) else None   # RealFormer's logits
+    if carried is not None:
+        pred.notes.append("residual_attention: the carried scores are zero at init where W^Q = 0; "
+                          "with random W^Q, W^K the layers' independent Gaussian logits add")
     targets = plan_targets(plan, T)
     S = sigma_0
     for l in range(1, config.n_layer + 1):
         A = effective_attention(config, plan, l, T)
-        if A is None:
-            f_att = lambda X: softmax_attention_map(X, softmax_samples, seed=l)
-        else:
-            A_all = batch_attention(A, B) if batch else A            # (B T, B T): each sequence its own
-            f_att = lambda X, A=A_all: attention_map(X, A)
+        A_all = batch_attention(A, B) if batch and A is not None else A     # (B T, B T): each sequence its own
+        f_att = lambda X, A=A_all, l=l: maps.attention(X, A, softmax_samples, seed=l, carried=carried)
         h_att, S = maps.sublayer(S, f_att)
-        h_mlp, S_out = maps.sublayer(S, maps.mlp_map)
+        h_mlp, S_out = maps.sublayer(S, maps.mlp)
         pred.layers.append(dict(attn_branch=h_att, attn=S, mlp_branch=h_mlp, mlp=S_out,
                                 target=targets[l - 1], A=A))
         S = S_out

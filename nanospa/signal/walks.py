@@ -69,8 +69,8 @@ def walk(cfg, activation, values, d_rule="spa", T=None, sigma_0=None, mlp_aware=
             h = h * D[:, None] * D[None, :]
         else:
             h = attention_map(S_in, A)
-        S = maps.combine(S, h)
-        S = maps.combine(S, maps.mlp_map(maps.branch_input(S)))
+        S = maps.combine(S, maps.scale_attention(h))           # DeepNorm: the branch's beta^4
+        S = maps.combine(S, maps.mlp(maps.branch_input(S)))
         if entry.get("realised"):
             overrides.append(split_bias(A))          # exact zeros of A become -inf in B
         elif d_rule == "qpreserve":                  # B_l stays the closed form (O(T) parts)
@@ -161,8 +161,8 @@ def pair_walk(cfg, activation, values, d_rule="spa", T=None):
         H = np.empty_like(S)
         H[a, a] = H[b, b] = attention_map(S_in[a, a], A)
         H[a, b] = H[b, a] = attention_map(S_in[a, b], A)
-        S = maps.combine(S, H)
-        S = maps.combine(S, maps.mlp_map(maps.branch_input(S)))
+        S = maps.combine(S, maps.scale_attention(H))
+        S = maps.combine(S, maps.mlp(maps.branch_input(S)))
     return S[a, a], S[a, b]
 
 

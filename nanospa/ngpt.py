@@ -1,0 +1,173 @@
+"""nGPT, the normalised transformer (Loshchilov, Hsieh, Sun, Ginsburg 2024; docs/residuals.md
+§3): every hidden state, and every weight matrix along its embedding dimension, on the unit
+sphere; residual updates are normalised interpolations with learnable per-dimension rates.
+
+    unit(x)               x / ||x|| over the last axis
+    renormalise(p, axis)  a weight parameter's vectors along `axis` back to norm 1, in place
+    Scaled                a learnable vector stored at s_scale, used as stored * s_init / s_scale
+    QKNorm                q, k of each head on the unit sphere times s_qk; logit scale sqrt(d_k)
+    MLP                   h_M = (s_u o u) o phi(s_v o nu sqrt(d)) W_o,  u = h W_u, nu = h W_nu
+    Block                 h <- Norm(h + alpha_A o (Norm(h_A) - h)), then the same with alpha_M, h_M
+    Embedding, Head       unit token rows; logits s_z o (h W_z) with unit columns of W_z
+
+The weight vectors along the embedding dimension (d_model) are, with nanospa's (in, out)
+weights: the columns of W^Q, W^K, W^V, W_u, W_nu and W_z (axis 0), the rows of W^O, the
+MLP's W_o and the embedding table (axis 1). They are normalised once at construction and
+again after every optimiser step by the modules' after_step() (GPT.after_step() calls it;
+train.py, the experiments and the benchmark call that), so a checkpoint holds them as the
+plain parameters they are. Constants: signal/residuals.py (NGPT_INITS).
+
+Not here: the attention itself (model.Attention calls QKNorm where cfg.residual == "ngpt"),
+the combination rules (schemes.check_config), the wide-limit maps (signal/maps.NGPTMaps).
+This module imports nothing from model.py: model.py builds these pieces.
+"""
+import math
+
+import numpy as np
+
+from . import backend
+from .fused import rms_norm
+from .nn import Embedding as TokenEmbedding
+from .nn import Linear, Module, Parameter
+from .signal.residuals import ngpt_scale, ngpt_value
+from .tensor import Tensor
+
+
+def unit(x):
+    """x / ||x|| over the last axis: RMSNorm without eps and with the constant gain 1/sqrt(n)
+    (fused.rms_norm: x / sqrt(mean(x^2)) / sqrt(n) = x / sqrt(sum(x^2)))."""
+    n = x.shape[-1]
+    gain = Tensor(backend.xp_of(x.data).full((n,), 1.0 / math.sqrt(n), dtype=x.dtype))
+    return rms_norm(x, gain, eps=0.0)
+
+
+def renormalise(p, axis):
+    """Divide a parameter's data by its norms along `axis`, in place (same buffer, same layout)."""
+    w = p.data
+    w /= backend.xp_of(w).sqrt((w * w).sum(axis=axis, keepdims=True))
+
+
+def update(h, branch, alpha):
+    """nGPT's residual step h <- Norm(h + alpha o (Norm(branch) - h)), alpha per dimension."""
+    return unit(h + (unit(branch) - h) * alpha)
+
+
+class Scaled(Module):
+    """nGPT's learnable vector `name` (a key of signal.residuals.NGPT_INITS): stored at
+    s_scale, used as stored * (s_init / s_scale), so it starts at s_init and Adam moves the
+    used value s_init / s_scale times faster than the stored one. Never weight-decayed."""
+
+    def __init__(self, shape, name, d, dtype):
+        super().__init__()
+        scale = ngpt_scale(name, d)
+        self.weight = Parameter(np.full(shape, scale), no_decay=True, dtype=dtype)
+        self.factor = ngpt_value(name) / scale
+
+    def forward(self):
+        return self.weight * self.factor
+
+
+class QKNorm(Module):
+    """q and k of each head to the unit sphere, times s_qk (one per head dimension, (H, 1, D)):
+    the logits are then sqrt(d_k) (s_qk o q_hat) . (s_qk o k_hat), the softmax scale sqrt(d_k)
+    in place of 1 / sqrt(d_k) (scale())."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.s_qk = Scaled((cfg.n_head, 1, cfg.head_size), "s_qk", cfg.n_embd, cfg.dtype)
+
+    def forward(self, q):
+        return unit(q) * self.s_qk()                 # (B, H, T, D), unit rows times s_qk
+
+    @staticmethod
+    def scale(D):
+        return math.sqrt(D)
+
+
+class MLP(Module):
+    """nGPT's gated MLP: u = h W_u, nu = h W_nu (each (C, M), unit columns), h_M =
+    ((s_u o u) o phi(s_v o nu sqrt(C))) W_o with W_o (M, C) of unit rows. The sqrt(C) brings
+    nu, a projection of a unit vector, to unit variance. The reference code scales u by
+    sqrt(C) as well; the output is normalised next, so that changes nothing (not even s_u's
+    gradient). phi: the configuration's plain activation (the paper's: swish)."""
+
+    def __init__(self, cfg, act, rng):
+        super().__init__()
+        C, M, dt = cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, cfg.dtype
+        self.fc_u = Linear(C, M, rng=rng, dtype=dt)     # N(0, 1/C) draws, normalised below
+        self.fc_v = Linear(C, M, rng=rng, dtype=dt)
+        self.proj = Linear(M, C, rng=rng, dtype=dt)
+        self.s_u = Scaled((M,), "s_u", C, dt)
+        self.s_v = Scaled((M,), "s_v", C, dt)
+        self.act, self.sqrt_d = act, math.sqrt(C)
+        self.after_step()
+
+    def forward(self, x):
+        u = self.fc_u(x) * self.s_u()                   # (B, T, C) -> (B, T, M)
+        nu = self.fc_v(x) * (self.s_v() * self.sqrt_d)  # (B, T, M), unit variance at init
+        return self.proj(u * self.act(nu))              # (B, T, M) -> (B, T, C)
+
+    def after_step(self):
+        for layer, axis in ((self.fc_u, 0), (self.fc_v, 0), (self.proj, 1)):
+            renormalise(layer.weight, axis)
+
+
+class Block(Module):
+    """One nGPT block around `attn`, a model.Attention built for this configuration (its
+    qk_norm is a QKNorm): h_A = attention(h), h <- Norm(h + alpha_A o (Norm(h_A) - h)), then
+    the MLP likewise with alpha_M. No norm layers. after_step() renormalises the attention's
+    matrices (the MLP renormalises its own)."""
+
+    def __init__(self, cfg, attn, act, rng):
+        super().__init__()
+        C, dt = cfg.n_embd, cfg.dtype
+        self.attn = attn
+        self.mlp = MLP(cfg, act, rng)
+        self.alpha_attn = Scaled((C,), "alpha", C, dt)
+        self.alpha_mlp = Scaled((C,), "alpha", C, dt)
+        self.after_step()
+
+    def forward(self, x, record=None, carry=None):
+        h = self.attn(x, record, carry)                 # (B, T, C), before normalisation
+        if record is not None:
+            record["attn_out"] = h.data
+        x = update(x, h, self.alpha_attn())
+        return update(x, self.mlp(x), self.alpha_mlp())
+
+    def after_step(self):
+        a = self.attn
+        for layer, axis in ((a.q, 0), (a.k, 0), (a.v, 0), (a.proj, 1)):
+            renormalise(layer.weight, axis)
+
+
+class Embedding(TokenEmbedding):
+    """The input embedding with unit rows. forward also normalises the rows it looks up: a
+    no-op after after_step(), and it keeps h_0 on the sphere wherever the table is not (a
+    gradient check's perturbed table), as the reference code's Norm(h) in every block does."""
+
+    def __init__(self, n, dim, rng, dtype):
+        super().__init__(n, dim, std=1.0, rng=rng, dtype=dtype)
+        self.after_step()
+
+    def forward(self, idx):
+        return unit(super().forward(idx))               # (B, T) -> (B, T, C), unit rows
+
+    def after_step(self):
+        renormalise(self.weight, 1)
+
+
+class Head(Module):
+    """Logits z = s_z o (h W_z), W_z (C, V) with unit columns, s_z per token (init 1): at
+    init every logit is a cosine, in [-1, 1]."""
+
+    def __init__(self, C, V, rng, dtype):
+        super().__init__()
+        self.out = Linear(C, V, rng=rng, dtype=dtype)
+        self.s_z = Scaled((V,), "s_z", C, dtype)
+        self.after_step()
+
+    def forward(self, x):
+        return self.out(x) * self.s_z()                 # (B, T, C) -> (B, T, V)
+
+    def after_step(self):
+        renormalise(self.out.weight, 0)
