@@ -2,8 +2,8 @@
 §3.2, §10): what one attention sublayer, one MLP, one norm and one residual branch do to a
 (T, T) kernel Sigma when n_embd -> inf with the model's own initialisation.
 
-    attention_map          Sigma -> A Sigma A^T (heads sharing A, W^V W^O orthogonal)
-    softmax_attention_map  the mean field of causal softmax with random W^Q, W^K
+    attention_map          Sigma -> A Sigma A^T (heads sharing A, W^V W^O orthogonal; or per head)
+    softmax_attention_map  the mean field of causal softmax with random W^Q, W^K (+ ALiBi, RoPE)
     MLPMap                 Sigma'_ij = E[phi_hat(u_i) phi_hat(u_j)], u ~ N(0, Sigma)
     normalise, dyt_map     LayerNorm / RMSNorm (Sigma -> C) and DyT
     BlockMaps              one configuration's residual and norm arrangement
@@ -26,11 +26,16 @@ BISECTION_STEPS = 60        # C^-1 by bisection on [-1, 1]: 2 * 2^-60 is below f
 
 def attention_map(Sigma, A):
     """A Sigma A^T: the kernel after an attention sublayer whose heads share A and whose
-    W^V W^O is orthogonal (method §3.2). Sigma, A: (T, T)."""
+    W^V W^O is orthogonal (method §3.2). Sigma, A: (T, T). With one matrix per head, A
+    (H, T, T) (ALiBi's slopes differ by head), the mean over heads of A_h Sigma A_h^T: head
+    h sees X through the D = C / H columns of the orthogonal W^V it owns, a random projection
+    with X P_h X^T -> X X^T / H, and the rows of W^O keep the heads' outputs orthogonal."""
+    if A.ndim == 3:
+        return flush(np.mean(A @ Sigma @ np.swapaxes(A, -1, -2), axis=0))
     return flush(A @ Sigma @ A.T)
 
 
-def softmax_attention_map(Sigma, n_samples=32, seed=0):
+def softmax_attention_map(Sigma, n_samples=32, seed=0, bias=None, rope=None):
     """Mean-field kernel map of causal softmax attention with random W^Q, W^K ~ N(0, 1/d)
     at init, estimated by Monte Carlo: in the wide limit the logits of one head are a
     Gaussian matrix with Cov(l_ij, l_i'j') = Sigma_ii' Sigma_jj' (queries and keys are
@@ -42,24 +47,44 @@ def softmax_attention_map(Sigma, n_samples=32, seed=0):
     gives the expectation. n_samples = 0 returns the uniform-attention approximation
     P = E[P] (exact with zero queries, and the mean of P when all q-values are equal).
     The estimate is seeded (deterministic); its Monte Carlo error is O(n_samples^-1/2)
-    relative to the off-uniform part."""
+    relative to the off-uniform part.
+
+    Positions acting on the logits (positions.py): bias, a fixed (T, T) or per-head
+    (H, T, T) addition to G (ALiBi, the SPA prior; each sample then uses every head's bias
+    and the heads are averaged); rope, RoPE's frequencies theta (K,), which multiply the
+    covariance by c((j-i) - (j'-i')) = mean_k cos(((j-i) - (j'-i')) theta_k): sampled as
+    G = K^-1/2 sum_k (G_k cos((j-i) theta_k) + G'_k sin((j-i) theta_k)) with 2K independent
+    Gaussian matrices like G above. With neither, the draws are those of the plain map."""
     T = Sigma.shape[0]
     P0 = uniform_causal_attention(T)
     if n_samples <= 0:
-        return attention_map(Sigma, P0)
+        return attention_map(Sigma, P0 if bias is None else _causal_softmax(np.asarray(bias, dtype=np.float64)))
     rng = np.random.default_rng(seed)
     w, V = np.linalg.eigh(Sigma)
     root = V * np.sqrt(np.clip(w, 0.0, None))                  # root root^T = Sigma
-    mask = np.tril(np.ones((T, T), dtype=bool))
+    if rope is not None:
+        phase = (np.arange(T)[None, :] - np.arange(T)[:, None])[None] * np.asarray(rope)[:, None, None]
+        cos, sin = np.cos(phase), np.sin(phase)                # (K, T, T), angle (j - i) theta_k
     out = np.zeros_like(Sigma)
     for _ in range(n_samples):
-        G = root @ rng.standard_normal((T, T)) @ root.T
-        G = np.where(mask, G, -np.inf)
-        G -= G.max(axis=1, keepdims=True)
-        P = np.exp(G)
-        P /= P.sum(axis=1, keepdims=True)
-        out += P @ Sigma @ P.T
+        if rope is None:
+            G = root @ rng.standard_normal((T, T)) @ root.T
+        else:
+            Z = root @ rng.standard_normal((2, len(rope), T, T)) @ root.T
+            G = (Z[0] * cos + Z[1] * sin).sum(axis=0) / np.sqrt(len(rope))
+        P = _causal_softmax(G if bias is None else G + bias)
+        out += np.mean(P @ Sigma @ np.swapaxes(P, -1, -2), axis=0) if P.ndim == 3 else P @ Sigma @ P.T
     return out / n_samples
+
+
+def _causal_softmax(G):
+    """softmax over j <= i of the last two axes (entries above the diagonal ignored)."""
+    T = G.shape[-1]
+    G = np.where(np.tri(T, dtype=bool), G, -np.inf)
+    G = G - G.max(axis=-1, keepdims=True)
+    with np.errstate(under="ignore"):
+        P = np.exp(G)
+    return P / P.sum(axis=-1, keepdims=True)
 
 
 def normalise(Sigma):
