@@ -340,3 +340,21 @@ def test_rope_with_zero_queries_changes_nothing_at_init():
         np.testing.assert_array_equal(a.kernel(l), b.kernel(l))
     m_rope, m_none = GPT(GPTConfig(**base, pos="rope"), seed=0), GPT(GPTConfig(**base), seed=0)
     np.testing.assert_allclose(m_rope(IDX)[0].data, m_none(IDX)[0].data, rtol=1e-13, atol=1e-13)
+
+
+def test_the_signal_tables_attention_only_network_sees_the_logit_positions():
+    """python -m nanospa.signal's attn-only column: the zero-query attention matrices, with
+    ALiBi's per head averaged (the same as predict's with zero_query=True); RoPE: uniform."""
+    from nanospa.signal.table import attention_only_kernels
+    for pos in LOGIT_POSITIONS:
+        cfg = GPTConfig(block_size=8, n_layer=3, n_head=4, n_embd=16, attention="softmax", pos=pos,
+                        activation="gelu")
+        zq = GPTConfig(**{**cfg.to_dict(), "zero_query": True})
+        plan = signal.make_plan(zq)
+        S = np.eye(8)
+        for l, K in enumerate(attention_only_kernels(cfg)[1:], start=1):
+            S = attention_map(S, effective_attention(zq, plan, l, 8))
+            np.testing.assert_allclose(K, S, rtol=1e-13, atol=1e-15)
+        if pos == "rope":
+            P = kernels.uniform_causal_attention(8)
+            np.testing.assert_allclose(attention_only_kernels(cfg)[1], P @ P.T, rtol=1e-14)
