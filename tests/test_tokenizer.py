@@ -130,6 +130,8 @@ def test_bpe_is_trained_on_the_training_split_only(tmp_path):
     vocab = ds.codec.tok.get_vocab()
     assert not any("zq" in t or "qx" in t or "xv" in t for t in vocab)   # only in validation: never merged
     assert any("words" in t for t in vocab)
+    again = subword.BPE.train(subword.pieces(np.asarray(ds.decode(ds.train).encode())), 400, "bpe:400")
+    assert again.tok.to_str() == ds.codec.tok.to_str()                    # deterministic
 
 
 def test_train_with_bpe_logs_per_byte_samples_text_and_keeps_its_tokenizer(text_file, tmp_path, capsys):
