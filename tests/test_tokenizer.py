@@ -49,18 +49,26 @@ def test_specs():
             subword.parse(bad)
 
 
+@pytest.fixture
+def no_data(monkeypatch):
+    """train.py must not get as far as reading data."""
+    def refuse(*a, **k):
+        raise AssertionError("the data was read")
+    monkeypatch.setattr(train, "load_dataset", refuse)
+
+
 @pytest.mark.parametrize("spec", ["bpe:abc", "bpe:1", "foo"])
-def test_train_refuses_a_malformed_spec_in_one_line_before_any_work(spec, tmp_path, capsys):
+def test_train_refuses_a_malformed_spec_in_one_line_before_any_work(spec, tmp_path, capsys, no_data):
     out = tmp_path / "run"
-    assert train.main([f"--tokenizer={spec}", f"--out_dir={out}", "--data=/nonexistent/file"]) == 2
+    assert train.main([f"--tokenizer={spec}", f"--out_dir={out}"]) == 2
     err = capsys.readouterr().err
     assert err == f"error: --tokenizer={spec} is not a tokenizer: use {subword.SPEC_HELP}\n"
     assert not out.exists()
 
 
-def test_a_missing_package_is_one_line_naming_the_extra(tmp_path, capsys, hide_tokenizers):
+def test_a_missing_package_is_one_line_naming_the_extra(tmp_path, capsys, hide_tokenizers, no_data):
     out = tmp_path / "run"
-    assert train.main(["--tokenizer=bpe:2048", f"--out_dir={out}", "--data=/nonexistent/file"]) == 2
+    assert train.main(["--tokenizer=bpe:2048", f"--out_dir={out}"]) == 2
     assert capsys.readouterr().err == MISSING + "\n" and not out.exists()
     assert experiments(["fig2", "--preset=tiny", "--tokenizer=bpe:2048", f"--out={out}"]) == 2
     assert capsys.readouterr().err == MISSING + "\n"
@@ -121,6 +129,17 @@ def test_bpe_dataset_decodes_exactly_and_is_cached(text_file, tmp_path, monkeypa
         data.load_dataset(str(text_file), cache_dir=cache, tokenizer="bpe:300", val_fraction=0.2)
 
 
+def test_a_split_inside_a_character_moves_to_its_start(tmp_path):
+    """1,999 bytes of two-byte characters: 70% is byte 1,399, inside one; the split moves to
+    1,398 and both splits decode on their own."""
+    pytest.importorskip("tokenizers")
+    path = tmp_path / "e.txt"
+    text = "é" * 999 + "\n"
+    path.write_text(text, encoding="utf-8")
+    ds = data.load_dataset(str(path), cache_dir=tmp_path / "c", tokenizer="bpe:300", val_fraction=0.3)
+    assert len(ds.decode(ds.train).encode()) == 1398 and ds.decode(ds.train) + ds.decode(ds.val) == text
+
+
 def test_bpe_is_trained_on_the_training_split_only(tmp_path):
     pytest.importorskip("tokenizers")
     path = tmp_path / "t.txt"
@@ -156,14 +175,20 @@ def test_train_with_bpe_logs_per_byte_samples_text_and_keeps_its_tokenizer(text_
     assert "tokenizer='byte' (checkpoint: 'bpe:300')" in capsys.readouterr().err
 
 
-def test_experiments_report_losses_per_byte(text_file, tmp_path, capsys):
+def test_experiments_report_losses_per_byte(tmp_path, capsys):
+    """Validation text unlike the training text (so that the splits' bytes per token differ):
+    each loss is divided by its own split's."""
     pytest.importorskip("tokenizers")
+    path = tmp_path / "mixed.txt"
+    rng = np.random.default_rng(0)
+    odd = "".join(rng.choice(list("qwxzjkv "), size=3000))
+    path.write_text(TEXT + odd, encoding="utf-8")
     out = tmp_path / "fig2"
-    assert experiments(["fig2", "--preset=tiny", f"--data={text_file}", "--tokenizer=bpe:300", f"--out={out}",
+    assert experiments(["fig2", "--preset=tiny", f"--data={path}", "--tokenizer=bpe:300", f"--out={out}",
                         "--methods=espa,pre_ln"]) == 0
     result = json.loads((out / "result.json").read_text())
     bpt = result["data"]["bytes_per_token"]
-    assert result["data"]["tokenizer"] == "bpe:300" and bpt["train"] > 1.5
+    assert result["data"]["tokenizer"] == "bpe:300" and abs(bpt["val"] - bpt["train"]) > 0.1 * bpt["train"]
     for m in result["methods"].values():
         s = m["summary"]
         assert s["final_train_per_byte"] == pytest.approx(s["final_train"] / bpt["train"])
