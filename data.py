@@ -2,7 +2,8 @@
 
 What lives here: byte-level tokens (`encode`, `decode`, `token_dtype`, VOCAB_SIZE);
 `load_dataset`, which turns a dataset spec into a `Dataset` of memory-mapped train / val
-(/ test) token arrays, building its cache entry once; `check_length`, `get_batch`
+(/ test) token arrays, building its cache entry once, in byte tokens or (tokenizer="bpe:N")
+in the subword tokens of nanospa/tokenizer.py; `check_tokenizer`; `check_length`, `get_batch`
 (random windows), `unigram_entropy` (the loss of the best context-free predictor;
 docs/method.md section 10 compares training runs with it);
 DataError; and `python data.py`, which prepares a dataset and prints a one-line summary.
@@ -12,10 +13,14 @@ What does not live here: where the text comes from. The dataset specs (default, 
 shakespeare, wikitext2, wikitext103), the embedded default corpus, downloads,
 fingerprints and the cache folder (env NANOSPA_CACHE) are nanospa/corpus.py.
 
-Tokenisation is byte level (vocabulary 256): encode = UTF-8 bytes, decode =
+Tokenisation is byte level by default (vocabulary 256): encode = UTF-8 bytes, decode =
 `bytes.decode("utf-8", errors="replace")`. The token file of a dataset is therefore its
 UTF-8 text itself, stored as uint8 (a vocabulary above 256 would use uint16; see
-`token_dtype`).
+`token_dtype`). With tokenizer="bpe:N" a byte-level BPE is trained on the training split
+of those bytes and every split is encoded with it, cached in the entry's bpe-N/ folder
+(nanospa/tokenizer.py, docs/tokenizer.md); Dataset.encode / decode then use it, and
+Dataset.bytes_per_token holds each split's UTF-8 bytes per token (1 for byte tokens), so
+that a loss in nats per token can also be given per byte (Dataset.per_byte).
 
 The last val_fraction of the tokens is the validation split, except for sources that
 bring their own splits (WikiText archives and folders), which also give a test split.
@@ -35,11 +40,13 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from nanospa import corpus
+from nanospa import tokenizer as subword
 from nanospa.corpus import DataError
 from nanospa.settings import parse_settings, run_command
 
@@ -74,11 +81,13 @@ def decode(ids):
 
 @dataclass
 class Dataset:
-    """A prepared dataset: memmapped token splits plus the byte tokenizer.
+    """A prepared dataset: memmapped token splits plus their tokenizer.
 
-    train, val: 1-D np.memmap views (uint8) of the cached token file; test: same or None.
-    meta: the cache's meta.json (source, bytes, sha256, ...) plus the split sizes used.
-    path: the cache entry's folder.
+    train, val: 1-D np.memmap views (uint8 bytes, uint16 BPE ids) of the cached token file;
+    test: same or None. meta: the cache's meta.json (source, bytes, sha256, ...) plus the
+    split sizes used (and, for BPE, tokenizer, bpe: its entry's meta). path: the cache
+    entry's folder. tokenizer: "byte" or "bpe:N"; codec: the BPE (None for bytes);
+    bytes_per_token: {split: UTF-8 bytes / tokens of that split}.
     """
     name: str
     description: str
@@ -88,12 +97,29 @@ class Dataset:
     vocab_size: int = VOCAB_SIZE
     meta: dict = field(default_factory=dict)
     path: str = ""
+    tokenizer: str = "byte"
+    codec: object = None
+    bytes_per_token: dict = field(default_factory=lambda: {"train": 1.0, "val": 1.0})
 
     def encode(self, text):
-        return encode(text)
+        return encode(text) if self.codec is None else self.codec.encode(text)
 
     def decode(self, ids):
-        return decode(ids)
+        return decode(ids) if self.codec is None else self.codec.decode(ids)
+
+    def per_byte(self, **losses):
+        """The losses (nats per token) and, as NAME_per_byte, the same per UTF-8 byte: the loss
+        divided by the bytes per token of its split (names starting with val: val, else train)."""
+        split = lambda name: "val" if name.startswith("val") else "train"
+        return dict(losses, **{f"{k}_per_byte": v / self.bytes_per_token[split(k)] for k, v in losses.items()})
+
+    def loss_text(self, r):
+        """'train X, val Y' of an evaluation record (eval_train_loss, val_loss), and for
+        subword tokens the same per byte."""
+        text = f"train {r['eval_train_loss']:.4f}, val {r['val_loss']:.4f}"
+        if self.codec is not None:
+            text += f" nats/token ({r['eval_train_loss_per_byte']:.4f}, {r['val_loss_per_byte']:.4f} nats/byte)"
+        return text
 
 
 # ----------------------------------------------------------------------------- cache entry
@@ -150,41 +176,69 @@ def check_cache(cache_dir=None):
     return root
 
 
-def load_dataset(spec="default", cache_dir=None, val_fraction=DEFAULT_VAL_FRACTION, min_tokens=None):
+def check_tokenizer(spec):
+    """TokenizerError (one line) unless spec is "byte" or "bpe:N" with `tokenizers` installed."""
+    return subword.check(spec)
+
+
+def load_dataset(spec="default", cache_dir=None, val_fraction=DEFAULT_VAL_FRACTION, min_tokens=None,
+                 tokenizer="byte"):
     """Prepare (once) and open a dataset; `spec` is one of corpus.SPECS.
 
     val_fraction: the last fraction of the tokens is validation, 0 < val_fraction < 1
     (ignored by WikiText archives and folders, which come with their own splits).
     min_tokens: if given, DataError when the dataset has fewer tokens in total.
-    Returns a Dataset whose train/val are np.memmap views of <cache>/<key>/tokens.bin.
+    tokenizer: "byte", or "bpe:N" (checked first: check_tokenizer); with BPE the train /
+    val split point moves back to the start of the UTF-8 character it falls in, if needed.
+    Returns a Dataset whose train/val are np.memmap views of <cache>/<key>/tokens.bin
+    (bytes) or <cache>/<key>/bpe-N/tokens.bin (BPE).
     """
+    kind, n = check_tokenizer(tokenizer)               # before any long work
     if not (isinstance(val_fraction, (int, float)) and 0 < val_fraction < 1):
         raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction!r}")
     cache = check_cache(cache_dir)                     # DataError: a file where the folder should be
     src = corpus.resolve(spec, cache)
     folder = cache / src.key
-    try:
+    with _naming_entry(folder):
         meta = _read_meta(folder, src) or _build(folder, src)
-    except OSError as e:                                # a full disk, a read-only cache: name the folder
+    tokens = np.memmap(folder / TOKENS_FILE, dtype=meta["dtype"], mode="r")
+    bounds = meta["fixed_splits"]
+    if bounds:
+        splits = {name: slice(*bounds[name]) for name in ("train", "val", "test") if name in bounds}
+    else:
+        n_train = int(len(tokens) * (1.0 - val_fraction))     # first (1 - f) is train
+        n_train = subword.char_start(tokens, n_train) if kind == "bpe" else n_train
+        splits = {"train": slice(0, n_train), "val": slice(n_train, len(tokens))}
+    if min_tokens is not None and len(tokens) < min_tokens:
+        raise DataError(f"{src.name} has {len(tokens):,} tokens, fewer than min_tokens={min_tokens:,}")
+    arrays = {name: tokens[s] for name, s in splits.items()}
+    extra = {}
+    if kind == "bpe":                                  # the same byte splits, as BPE tokens
+        ident = dict(fingerprint=meta["fingerprint"], sha256=meta["sha256"], bytes=meta["bytes"],
+                     splits={name: [s.start, s.stop] for name, s in splits.items()})
+        with _naming_entry(folder):
+            arrays, codec, bpe = subword.bpe_splits(folder / f"bpe-{n}", arrays, ident, n)
+        extra = dict(tokenizer=tokenizer, codec=codec, bytes_per_token={
+            k: v / max(1, bpe["splits"][k][1] - bpe["splits"][k][0]) for k, v in bpe["bytes_per_split"].items()})
+        meta = dict(meta, tokenizer=tokenizer, vocab_size=codec.vocab_size, dtype=bpe["dtype"], bpe=bpe)
+    test = arrays.get("test")
+    meta = dict(meta, split={"train": len(arrays["train"]), "val": len(arrays["val"]),
+                             "test": None if test is None else len(test),
+                             "val_fraction": None if bounds else val_fraction})
+    return Dataset(meta["name"], meta["description"], arrays["train"], arrays["val"], test, meta["vocab_size"],
+                   meta, str(folder), **extra)
+
+
+@contextmanager
+def _naming_entry(folder):
+    """An OSError naming no file (a full disk, a read-only cache) as a DataError naming the entry."""
+    try:
+        yield
+    except OSError as e:
         if e.filename:
             raise
         raise DataError(f"cannot write the cache entry {folder} ({e.strerror or e}); make room or set "
                         f"{corpus.CACHE_ENV} to another folder") from None
-    tokens = np.memmap(folder / TOKENS_FILE, dtype=meta["dtype"], mode="r")
-    bounds = meta["fixed_splits"]
-    if bounds:
-        train, val = tokens[slice(*bounds["train"])], tokens[slice(*bounds["val"])]
-        test = tokens[slice(*bounds["test"])] if "test" in bounds else None
-    else:
-        n_train = int(len(tokens) * (1.0 - val_fraction))     # first (1 - f) is train
-        train, val, test = tokens[:n_train], tokens[n_train:], None
-    if min_tokens is not None and len(tokens) < min_tokens:
-        raise DataError(f"{src.name} has {len(tokens):,} tokens, fewer than min_tokens={min_tokens:,}")
-    meta = dict(meta, split={"train": len(train), "val": len(val),
-                             "test": None if test is None else len(test),
-                             "val_fraction": None if bounds else val_fraction})
-    return Dataset(meta["name"], meta["description"], train, val, test, meta["vocab_size"],
-                   meta, str(folder))
 
 
 # ----------------------------------------------------------------------------- batches
@@ -244,7 +298,7 @@ def unigram_entropy(tokens, vocab_size=VOCAB_SIZE):
 # ----------------------------------------------------------------------------- command line
 
 def main(argv=None):
-    """python data.py [--data=SPEC] [--cache_dir=DIR] [--val_fraction=F]: prepare and summarise."""
+    """python data.py [--data=SPEC] [--cache_dir=DIR] [--val_fraction=F] [--tokenizer=byte|bpe:N]: prepare and summarise."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a in ("-h", "--help") for a in argv):
         print(main.__doc__.strip() + "\n\nSPEC:\n" + corpus.SPECS.rstrip())
@@ -253,13 +307,14 @@ def main(argv=None):
 
 
 def _prepare(argv):
-    s = parse_settings(argv, {"data": "default", "cache_dir": "", "val_fraction": DEFAULT_VAL_FRACTION})
+    s = parse_settings(argv, {"data": "default", "cache_dir": "", "val_fraction": DEFAULT_VAL_FRACTION,
+                              "tokenizer": "byte"})
     t0 = time.perf_counter()
-    ds = load_dataset(s["data"], s["cache_dir"] or None, s["val_fraction"])
+    ds = load_dataset(s["data"], s["cache_dir"] or None, s["val_fraction"], tokenizer=s["tokenizer"])
     h = unigram_entropy(ds.train, ds.vocab_size)
     print(f"{ds.name}: {len(ds.train):,} train / {len(ds.val):,} val tokens (vocab {ds.vocab_size}, "
-          f"{ds.meta['dtype']}), unigram entropy {h:.3f} nats, {time.perf_counter() - t0:.1f}s, "
-          f"cached at {ds.path}")
+          f"{ds.meta['dtype']}, {ds.tokenizer}: {ds.bytes_per_token['train']:.3f} bytes/token), unigram entropy "
+          f"{h:.3f} nats, {time.perf_counter() - t0:.1f}s, cached at {ds.path}")
     return 0
 
 

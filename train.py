@@ -10,8 +10,9 @@ Files in out_dir:
              of that step's batch), lr, tokens_per_s; at evaluation steps also val_loss and
              eval_train_loss (means over eval_iters fixed batches) and the per-layer signal
              statistics of docs/method.md §13 on a fixed batch: cos[l] (mean off-diagonal
-             cosine of the hidden states, l = 0..L) and q[l] (mean q-value). iter 0 is the
-             model at init (train_loss there is the eval estimate; no step was taken).
+             cosine of the hidden states, l = 0..L) and q[l] (mean q-value); each loss in nats
+             per token and as NAME_per_byte (data.Dataset.per_byte). iter 0: the model at init
+             (train_loss there is the eval estimate; no step was taken).
   ckpt.npz   the latest checkpoint, written atomically and only from a finite state
              (nanospa/checkpoint.py); run.lock while a run lasts (nanospa/rundir.py).
 A scratch run refuses an out_dir holding ckpt.npz or log.jsonl unless --overwrite=True, and
@@ -51,7 +52,7 @@ from dataclasses import fields
 import numpy as np
 from tqdm import tqdm
 
-from data import VOCAB_SIZE, check_length, decode, encode, get_batch, load_dataset, unigram_entropy
+from data import VOCAB_SIZE, check_length, check_tokenizer, get_batch, load_dataset, unigram_entropy
 from nanospa import backend
 from nanospa.checkpoint import (NotFiniteError, check_same_data, check_same_model, data_identity, load_checkpoint,
                                 restore, save_checkpoint, training_state)
@@ -74,6 +75,7 @@ from nanospa import distributed
 TRAIN_DEFAULTS = dict(
     out_dir="out",             # folder for ckpt.npz and log.jsonl
     data="default",            # dataset: default | PATH | shakespeare[:FILE] | wikitext2[:...] (see data.py)
+    tokenizer="byte",          # byte | bpe:N (byte-level BPE of N tokens trained on the train split; extra [bpe])
     device="cpu",              # cpu | cuda (needs CuPy and a GPU)
     threads=0,                 # CPU worker threads, each training a slice of the batch; 0 = one per core, at most 4
     seed=0,                    # seeds the weights, the training batches and the sample
@@ -153,6 +155,7 @@ CHECKS = [  # settings GPTConfig does not check itself: (keys, test, what a good
 def check_settings(s, explicit=(), unset="the default"):
     """SettingsError naming the first bad setting, as the user wrote it (`explicit`: the keys
     set on the command line; the others are named as coming from `unset`)."""
+    check_tokenizer(s["tokenizer"])                   # a bad spec, or bpe:N without its package: one line now
     for keys, ok, what in CHECKS:
         for key in keys:
             if not ok(s[key]):
@@ -201,7 +204,7 @@ def run(argv, s, stop, world):
         ckpt = world.bcast(load_checkpoint(ckpt_path) if world.is_main else None)  # rank 0 reads it
         saved = {k: v for k, v in ckpt["settings"].items() if k in DEFAULTS and k not in PER_RUN}
         s = parse_args(argv, {**DEFAULTS, **saved, "out_dir": out_dir})
-        check_same_model(s, saved, MODEL_KEYS + ["optimizer"])
+        check_same_model(s, saved, MODEL_KEYS + ["optimizer", "tokenizer"])
         start = int(ckpt["state"]["iter"])
     check_settings(s, explicit, "from the checkpoint" if ckpt else "the default")
     cfg = GPTConfig(vocab_size=VOCAB_SIZE, **{k: s[k] for k in MODEL_KEYS})  # ValueError names a bad field
@@ -236,9 +239,10 @@ def run(argv, s, stop, world):
     rng = np.random.default_rng(s["seed"])            # training batches; saved in checkpoints
 
     # -- data
-    ds = load_dataset(s["data"])
+    ds = load_dataset(s["data"], tokenizer=s["tokenizer"])   # bpe:N: trained once, then cached
     check_length(ds, T)                               # DataError when a split is shorter than T + 1
-    print(f"data: {ds.name}: {len(ds.train):,} train / {len(ds.val):,} val tokens, unigram entropy "
+    cfg = GPTConfig(**{**cfg.to_dict(), "vocab_size": ds.vocab_size})   # the tokenizer's own size
+    print(f"data: {ds.name}: {len(ds.train):,} train / {len(ds.val):,} val {ds.tokenizer} tokens, unigram entropy "
           f"{unigram_entropy(ds.train, ds.vocab_size):.3f} nats/token (a context-free predictor)")
     data_id = data_identity(ds.meta, s["data"])      # recorded in each checkpoint
     new_corpus = bool(ckpt) and check_same_data(ckpt_path, ckpt["state"].get("data"), data_id, s["new_data"])
@@ -282,7 +286,7 @@ def run(argv, s, stop, world):
             loss = {split: world.mean(np.mean([model(world.shard(x), world.shard(y))[1].item() for x, y in batches]))
                     for split, batches in eval_sets.items()}
             kernels = measured_kernels(model, probe)["hidden"]  # L+1 batch-mean kernels (T, T)
-        return dict(val_loss=loss["val"], eval_train_loss=loss["train"], **layer_stats(kernels))
+        return dict(ds.per_byte(val_loss=loss["val"], eval_train_loss=loss["train"]), **layer_stats(kernels))
 
     # On resume the log is cut back to the checkpoint (a partial last record, records after it).
     kept, notes = 0, []
@@ -295,7 +299,7 @@ def run(argv, s, stop, world):
     ev = None
     if s["eval_only"] or (start == 0 and kept == 0):
         ev, label = estimate_loss(), f"iter {start}" if ckpt else "init"
-        print(f"{label}: train {ev['eval_train_loss']:.4f}, val {ev['val_loss']:.4f}\n{label}: measured  {show(ev)}")
+        print(f"{label}: {ds.loss_text(ev)}\n{label}: measured  {show(ev)}")
         if start == 0:
             predicted = layer_stats(predicted_kernels(cfg, model.plan, backend.to_numpy(probe)))
             print(f"{label}: predicted {show(predicted)} (wide limit, same tokens)")
@@ -319,7 +323,7 @@ def run(argv, s, stop, world):
         save(0, None)
     files.open()
     if ev is not None and start == 0:                 # iter 0: the model at init
-        files.write(dict(iter=0, train_loss=ev["eval_train_loss"], lr=0.0, tokens_per_s=0.0, **ev), sync=True)
+        files.write(dict(iter=0, **ds.per_byte(train_loss=ev["eval_train_loss"]), lr=0.0, tokens_per_s=0.0, **ev), sync=True)
     print(f"log: {files.log_path}  checkpoint: {files.ckpt} (iter {start})")
 
     # -- the loop: forward, backward, clip, step, zero_grad; log, evaluate, checkpoint
@@ -349,14 +353,14 @@ def run(argv, s, stop, world):
             bar.set_postfix(loss=f"{value:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:.0f}", refresh=False)
             evaluating = n % s["eval_interval"] == 0 or n == s["max_iters"]
             if evaluating or n % s["log_interval"] == 0:
-                record = dict(iter=n, train_loss=value, lr=lr, tokens_per_s=tokens_per_s)
+                record = dict(iter=n, **ds.per_byte(train_loss=value), lr=lr, tokens_per_s=tokens_per_s)
                 if evaluating:
                     record.update(estimate_loss())
                     if not math.isfinite(record["val_loss"]):
                         raise Diverged(f"non-finite validation loss at iter {n}; stopped. Last good "
                                        f"checkpoint: {files.last_good()}")
                     best_val = min(best_val, record["val_loss"])
-                    tqdm.write(f"iter {n}: train {record['eval_train_loss']:.4f}, val {record['val_loss']:.4f} | {show(record)}")
+                    tqdm.write(f"iter {n}: {ds.loss_text(record)} | {show(record)}")
                 files.write(record)
                 tokens, t0 = 0, time.perf_counter()   # evaluation time is not training time
 
@@ -375,16 +379,16 @@ def run(argv, s, stop, world):
             print(f"{signal.Signals(stop.signum).name}: stopped at iter {n}, checkpoint saved to {ckpt_path}; "
                   f"continue with {files.resume}", file=sys.stderr)
         return EXIT_SIGNAL_BASE + stop.signum
-    print(f"done: iter {n}" + (f", train {record['eval_train_loss']:.4f}, val {record['val_loss']:.4f} (best "
-                               f"{best_val:.4f})" if n > start and "val_loss" in record else "")
+    print(f"done: iter {n}" + (f", {ds.loss_text(record)} (best {best_val:.4f})"
+                               if n > start and "val_loss" in record else "")
           + f"; checkpoint {files.last_good()}, log {log_path}")
 
     # -- sample
     if s["sample_tokens"] and world.is_main:
-        prompt = encode(s["start"])[None, :]          # (1, t)
+        prompt = ds.encode(s["start"])[None, :]       # (1, t)
         out = model.generate(prompt, s["sample_tokens"], temperature=s["temperature"],
                              top_k=s["top_k"] or None, rng=np.random.default_rng(s["seed"]))
-        print("sample:\n" + decode(out[0]))
+        print("sample:\n" + ds.decode(out[0]))
     return 0
 
 

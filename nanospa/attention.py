@@ -29,12 +29,16 @@ blocks. Called from the main thread with backend.threads() = k > 1, the query bl
 and the key blocks (backward) are split into k groups of equal work run on the worker
 threads: the rows of Y and the columns of dK, dV are disjoint, dQ is summed from one partial
 per group in group order, so results do not depend on thread timing; from a worker thread
-(a slice of tensor.sharded_backward) it runs serially. The bias is either a (T_max, T_max) array input (a trainable B_l, which gets its
-gradient; T_max >= T) or a function bias_block(i0, i1, j0, j1) returning that block of a
-constant bias in q's dtype and module (SPA's fixed B_l, generated from its O(T) parts by
-signal.attn_bias.bias_block), or neither (plain softmax). D_l and Value-SkipInit's
-alpha I + beta P act on the output outside this op (model.py). Probabilities below
-sqrt(tiny) are flushed to 0, as in fused.Softmax: subnormal numbers slow the products.
+(a slice of tensor.sharded_backward) it runs serially.
+
+The bias is a (T_max, T_max) array input (a trainable B_l, which gets its gradient;
+T_max >= T), a function bias_block(i0, i1, j0, j1) returning that block of a constant bias
+in q's dtype and module ((bq, bk), or (H, bq, bk) for one per head: SPA's fixed B_l,
+generated from its O(T) parts by signal.attn_bias.bias_block, ALiBi's -m_h (i - j), or
+their sum: model.py), both (a trainable B_l with ALiBi), or neither (plain softmax). D_l
+and Value-SkipInit's alpha I + beta P act on the output outside this op (model.py).
+Probabilities below sqrt(tiny) are flushed to 0, as in fused.Softmax: subnormal numbers
+slow the products.
 
 Not here: the dense reference (fused.Softmax on the full (T, T) scores, which model.py uses
 at short T and for trace()), where the bias comes from (model.py, nanospa.signal).
@@ -100,7 +104,7 @@ class BlockwiseAttention(Function):
         s = qs[..., i0:i1, :] @ k[..., j0:j1, :].swapaxes(-1, -2)          # (B, H, bq, bk)
         if bias is not None:
             s += bias[i0:i1, j0:j1]
-        elif bias_block is not None:
+        if bias_block is not None:                                         # (bq, bk) or per head (H, bq, bk)
             s += bias_block(i0, i1, j0, j1)
         if i0 == j0:                                                       # the diagonal block
             s += causal_mask(ctx.xp, i1 - i0, s.dtype)
@@ -181,12 +185,11 @@ class BlockwiseAttention(Function):
 
 
 def causal_attention(q, k, v, scale, block=0, bias=None, bias_block=None):
-    """softmax(scale q k^T + bias + causal mask) v by blocks (BlockwiseAttention): q, k, v
-    Tensors (..., T, D); bias an optional Tensor (T_max, T_max), T_max >= T, or bias_block an
-    optional function (i0, i1, j0, j1) -> that block of a constant bias (not both); block
-    the query/key block size (0: chosen by T). -> (..., T, D)."""
-    if bias is not None and bias_block is not None:
-        raise ValueError("causal_attention: give bias (an array input) or bias_block (a function), not both")
+    """softmax(scale q k^T + bias + bias_block + causal mask) v by blocks (BlockwiseAttention):
+    q, k, v Tensors (..., T, D); bias an optional Tensor (T_max, T_max), T_max >= T; bias_block
+    an optional function (i0, i1, j0, j1) -> that block of a constant bias, (bq, bk) or one per
+    head (H, bq, bk); either, both or neither; block the query/key block size (0: chosen by T).
+    -> (..., T, D)."""
     args = (q, k, v) if bias is None else (q, k, v, bias)
     return BlockwiseAttention.apply(*args, scale=float(scale), block=int(block), bias_block=bias_block)
 

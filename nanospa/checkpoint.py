@@ -36,7 +36,7 @@ import numpy as np
 
 JSON_PARTS = ("settings", "config", "state")      # stored as JSON strings
 STATE_KEYS = ("iter", "best_val_loss", "rng")      # what restore() reads from `state`
-TOKENIZER = "byte"                                 # data.py's only tokenizer: UTF-8 bytes
+TOKENIZER = "byte"                                 # data.py's default tokenizer (a meta without one: bytes)
 
 
 class CheckpointError(ValueError):
@@ -133,7 +133,7 @@ def data_identity(meta, spec):
     """What a checkpoint records of its corpus (a data.Dataset's meta and the --data spec):
     the sha256 of its tokens names the text, whatever its path or modification time."""
     return dict(spec=spec, name=meta.get("name"), tokens=meta.get("bytes"), sha256=meta.get("sha256"),
-                tokenizer=TOKENIZER, vocab_size=meta.get("vocab_size"))
+                tokenizer=meta.get("tokenizer", TOKENIZER), vocab_size=meta.get("vocab_size"))
 
 
 def check_same_data(path, saved, current, allow=False):

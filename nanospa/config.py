@@ -45,7 +45,7 @@ class GPTConfig:
     prepbn_steps: int = 400        # prepbn: optimiser steps over which LN's share falls from 1 to 0
     norm_position: str = "pre"     # pre | post
     final_norm: str = "auto"       # auto (a final norm when norm != none and residual != none) | yes | no
-    pos: str = "none"              # none | learned | sinusoidal
+    pos: str = "none"              # none | learned | sinusoidal (embedding) | alibi | rope | spa_prior (attention; docs/positions.md)
     dtype: str = "float32"         # float32 | float64 (parameters and activations)
     kernel_budget: str = "joint"   # how attention and MLPs share the kernel (docs/kernel_budget.md)
     gamma_final: float = 0.0       # E-SPA final gamma_L; 0 = chosen by kernel_budget
@@ -72,8 +72,9 @@ class GPTConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
-        if self.attention in ("uspa", "espa") and self.block_size < MIN_SPA_BLOCK:
-            raise ValueError(f"GPTConfig.block_size={self.block_size} is too small for attention={self.attention!r}: "
+        if (self.attention in ("uspa", "espa") or self.pos == "spa_prior") and self.block_size < MIN_SPA_BLOCK:
+            what = f"attention={self.attention!r}" if self.attention in ("uspa", "espa") else "pos='spa_prior'"
+            raise ValueError(f"GPTConfig.block_size={self.block_size} is too small for {what}: "
                              f"SPA shapes the correlations between positions, so it needs block_size >= "
                              f"{MIN_SPA_BLOCK}")
         if self.n_embd % self.n_head:
@@ -84,6 +85,13 @@ class GPTConfig:
         choice("norm_position", NORM_POSITIONS)
         choice("final_norm", ("auto", "yes", "no"))
         choice("pos", POSITIONS)
+        if self.pos == "rope" and self.n_embd // self.n_head % 2:
+            raise ValueError(f"GPTConfig.pos='rope' rotates pairs of coordinates: the head width n_embd / n_head = "
+                             f"{self.n_embd // self.n_head} must be even")
+        if self.pos == "spa_prior" and self.attention in ("uspa", "espa"):
+            raise ValueError(f"GPTConfig.pos='spa_prior' gives attention without SPA E-SPA's bias B_l; "
+                             f"attention={self.attention!r} has its own: use pos='none' there, or attention in "
+                             f"['softmax', 'value_skipinit']")
         choice("dtype", DTYPES)
         choice("kernel_budget", BUDGETS)
         choice("attention_impl", ATTENTION_IMPLS)

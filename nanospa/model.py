@@ -21,6 +21,9 @@ Attention (per head h; B_l, D_l fixed by nanospa.signal; dense or blockwise, see
     value_skipinit   A_h = alpha I + beta P_h        (alpha = 1, beta = 0 trainable)
     uspa / espa      A_h = diag(D_l) softmax(Q_h K_h^T / sqrt(D) + B_l + causal mask)
 
+Positions in the logits (pos; nanospa/positions.py, docs/positions.md): alibi adds -m_h (i - j)
+to head h's, rope rotates Q_h and K_h by position, spa_prior adds E-SPA's B_l without D_l.
+
 Initialisation, each in the constructor of the module it sets (method §2.4; [follow-up]:
 the paper's follow-up choice, [choice]: nanospa's documented choice):
 
@@ -49,6 +52,7 @@ from . import fused
 from . import ngpt
 from . import norms
 from . import schemes
+from . import positions
 from . import signal
 from .signal.attn_bias import bias_block, layer_parts
 from .functions import Shaped
@@ -119,6 +123,7 @@ class Attention(Module):
         if cfg.residual_attention:                                   # RealFormer carries (B, H, T, T)
             self.impl = "dense"                                      # scores (config refuses blockwise)
         self.block, self.bias_parts = cfg.attention_block, None
+        self.alibi, self.rope = positions.alibi_slopes(cfg), positions.rope_tables(cfg)  # docs/positions.md
         self.q = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)      # each Linear draws N(0, 1/C)
         self.k = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
         self.v = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
@@ -128,8 +133,9 @@ class Attention(Module):
         self.qk_norm = ngpt.QKNorm(cfg) if cfg.residual == "ngpt" else None  # nGPT: unit q, k per head
         if cfg.attention != "softmax" or cfg.zero_query:
             self.q.weight.data = weight(np.zeros((C, C)), dt)        # W^Q = 0: A_l set by B_l, D_l
-        if cfg.attention in ("uspa", "espa"):
-            parts, D = layer_parts(plan, layer)                      # A_l = diag(D_l) softmax(B_l)
+        bias_plan = plan if cfg.attention in ("uspa", "espa") else plan.prior  # prior: pos="spa_prior"
+        if bias_plan is not None:
+            parts, D = layer_parts(bias_plan, layer)                 # A_l = diag(D_l) softmax(B_l)
             T = cfg.block_size
             if cfg.train_bias or self.impl == "dense":
                 # above the diagonal the causal mask decides; keep B finite there
@@ -140,8 +146,9 @@ class Attention(Module):
                     self.register_buffer("B", weight(B, dt))
             else:
                 self.bias_parts = parts
-            self.register_buffer("D", weight(D, dt))
-        elif cfg.attention == "value_skipinit":
+            if bias_plan is plan:                                    # the prior's D_l is not used
+                self.register_buffer("D", weight(D, dt))
+        if cfg.attention == "value_skipinit":
             shape = (H, 1, 1) if cfg.skipinit_per_head else (1,)
             self.alpha = Parameter(np.ones(shape), no_decay=True, dtype=dt)
             self.beta = Parameter(np.zeros(shape), no_decay=True, dtype=dt)
@@ -153,11 +160,13 @@ class Attention(Module):
         k = self.k(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)
         v = self.v(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)
         scale = 1.0 / math.sqrt(D)
+        if self.rope is not None:
+            q, k = positions.rope(q, *self.rope), positions.rope(k, *self.rope)  # rotated by position
         if self.qk_norm is not None:                                # nGPT: logits sqrt(D) q_hat . k_hat
             q, k, scale = self.qk_norm(q), self.qk_norm(k), self.qk_norm.scale(D)
         if self.impl == "blockwise" and record is None:             # (B, H, T, D), no (T, T) matrix
             trained = self.B if isinstance(getattr(self, "B", None), Tensor) else None
-            fixed = self.generated_bias if self.bias_parts is not None else None
+            fixed = self.generated_bias if self.bias_parts is not None or self.alibi is not None else None
             y = attention.causal_attention(q, k, v, scale, self.block, trained, fixed)
         else:
             bias, causal = self.logit_bias(T)
@@ -177,28 +186,34 @@ class Attention(Module):
 
     def logit_bias(self, T):
         """What the dense path's softmax adds to the scaled logits, and whether it must still
-        add the causal mask: for a fixed SPA bias stored densely, B_l[:T, :T] + mask (-inf
-        above the diagonal), computed once per length and cached (it holds B_l, so a new B_l
-        from load_state_dict is seen); for a trainable B_l, B_l itself; for a blockwise
-        model's O(T) parts, B_l[:T, :T] generated now (-inf above the diagonal; trace() at
-        small T); for the other kinds nothing."""
-        if self.kind not in ("uspa", "espa"):
-            return None, True
+        add the causal mask: for a fixed B_l (SPA's, or the prior's) stored densely, and for
+        ALiBi, B_l[:T, :T] + ALiBi + mask (-inf above the diagonal), computed once per length
+        and cached (it holds B_l, so a new B_l from load_state_dict is seen); for a trainable
+        B_l, B_l itself (+ ALiBi); for a blockwise model's O(T) parts, B_l[:T, :T] (+ ALiBi)
+        generated now (-inf above the diagonal; trace() at small T); else nothing."""
         if self.bias_parts is not None:
             return Tensor(self.generated_bias(0, T, 0, T)), False
-        if isinstance(self.B, Tensor):
-            return self.B[:T, :T], True
+        B = getattr(self, "B", None)
+        if isinstance(B, Tensor):
+            alibi = None if self.alibi is None else Tensor(self.generated_bias(0, T, 0, T))
+            return (B[:T, :T] if alibi is None else B[:T, :T] + alibi), True
+        if B is None and self.alibi is None:
+            return None, True
         cache = self.__dict__.get("_logit_bias")
-        if cache is None or cache[0] is not self.B or cache[1].shape[-1] != T:
-            mask = fused.causal_mask(backend.xp_of(self.B), T, self.B.dtype)
-            cache = self._logit_bias = (self.B, Tensor(self.B[:T, :T] + mask))
+        if cache is None or cache[0] is not B or cache[1].shape[-1] != T:
+            mask = fused.causal_mask(backend.xp_of(self.q.weight.data), T, self.dtype)
+            fixed = mask if B is None else B[:T, :T] + mask
+            if self.alibi is not None:
+                fixed = fixed + self.generated_bias(0, T, 0, T)     # (H, T, T)
+            cache = self._logit_bias = (B, Tensor(fixed))
         return cache[1], False
 
     def generated_bias(self, i0, i1, j0, j1):
         """B_l[i0:i1, j0:j1] from the O(T) parts (signal.attn_bias.bias_block: float64 maths,
-        rounded once to the model's dtype), on the model's device. On a GPU each block is
-        made on the host and copied over (no device generator yet: not profiled)."""
-        return backend.asarray(bias_block(self.bias_parts, i0, i1, j0, j1, self.dtype))
+        rounded once to the model's dtype), plus ALiBi's -m_h (i - j) per head when set
+        (positions.fixed_bias), on the model's device. On a GPU each block is made on the
+        host and copied over (no device generator yet: not profiled)."""
+        return backend.asarray(positions.fixed_bias(self.bias_parts, self.alibi, i0, i1, j0, j1, self.dtype))
 
     def effective_attention(self, P, T):
         """The matrix that multiplies the values: diag(D) P (SPA), alpha I + beta P, or P."""

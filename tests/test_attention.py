@@ -65,6 +65,23 @@ def test_full_jacobian_with_a_generated_bias():
     assert check_jacobian(lambda a, b, c: causal_attention(a, b, c, SCALE, 3, bias_block=fn), [q, k, v]) < 1e-6
 
 
+def test_full_jacobian_with_a_trainable_bias_and_a_per_head_generated_one():
+    """Both at once (a trainable B_l with ALiBi): the generated block is one per head,
+    (H, bq, bk); the trainable bias gets the gradient of the sum."""
+    rng = np.random.default_rng(4)
+    slopes = np.array([0.5, 0.125])
+    fn = lambda i0, i1, j0, j1: -slopes[:, None, None] * (np.arange(i0, i1)[:, None] - np.arange(j0, j1)[None, :])
+    q, k, v = (tensor64(normal(rng, 2, 2, 5, 2)) for _ in range(3))
+    bias = tensor64(normal(rng, 5, 5))
+    err = check_jacobian(lambda a, b, c, d: causal_attention(a, b, c, SCALE, 2, bias=d, bias_block=fn), [q, k, v, bias])
+    assert err < 1e-6
+    dense_bias = Tensor(bias.data + fn(0, 5, 0, 5))                             # (H, T, T)
+    ref = dense(Tensor(q.data), Tensor(k.data), Tensor(v.data), dense_bias)
+    got = causal_attention(Tensor(q.data), Tensor(k.data), Tensor(v.data), SCALE, 2, bias=Tensor(bias.data),
+                           bias_block=fn)
+    np.testing.assert_allclose(got.data, ref.data, rtol=1e-13, atol=1e-14)
+
+
 # ---------------------------------------------------------------- equality with the dense path
 
 
@@ -152,10 +169,6 @@ def test_block_size_and_implementation_choice():
     assert implementation("dense", 10 ** 6) == "dense" and implementation("blockwise", 4) == "blockwise"
     with pytest.raises(ValueError, match="attention_impl"):
         implementation("flash", 8)
-    with pytest.raises(ValueError, match="not both"):
-        rng = np.random.default_rng(0)
-        q = Tensor(normal(rng, 1, 1, 2, 2))
-        causal_attention(q, q, q, 1.0, bias=Tensor(np.zeros((2, 2))), bias_block=lambda *a: 0)
 
 
 # ---------------------------------------------------------------- whole models

@@ -15,7 +15,7 @@ from nanospa.signal import BUDGETS, POSITIONS
     ("norm", "instancenorm", "norm='instancenorm'"),      # not offered: not causal (docs/norms.md)
     ("norm_position", "middle", "norm_position='middle'"),
     ("final_norm", "maybe", "final_norm='maybe'"),
-    ("pos", "rope", "pos='rope'"),
+    ("pos", "rotary", "pos='rotary' is not one of"),
     ("dtype", "float16", "dtype='float16'"),
     ("kernel_budget", "magic", "kernel_budget='magic'"),
     ("n_layer", 0, "n_layer must be a positive integer"),
@@ -67,8 +67,9 @@ def test_every_listed_choice_is_accepted():
     for name, allowed in (("attention", ATTENTIONS), ("residual", RESIDUALS), ("norm", NORMS),
                           ("norm_position", NORM_POSITIONS), ("pos", POSITIONS), ("dtype", DTYPES),
                           ("kernel_budget", BUDGETS), ("activation", BASE_ACTIVATIONS)):
-        for value in allowed:
+        for value in allowed:                            # spa_prior: E-SPA's B_l for attention without one
             companions = NEEDS.get((name, value), {})     # choices that refuse the defaults' fields
+            companions = {"attention": "softmax"} if (name, value) == ("pos", "spa_prior") else companions
             assert getattr(GPTConfig(**{name: value}, **companions), name) == value
     for shaped in ("tat_lrelu", "dks_gelu", "tat_gelu"):
         GPTConfig(activation=shaped)

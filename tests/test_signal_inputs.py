@@ -12,9 +12,10 @@ from nanospa.signal.inputs import (POS_VARIANCE, POSITIONS, input_kernel, sinuso
 
 
 def test_variances_give_q_one():
-    assert POSITIONS == ("none", "learned", "sinusoidal")
+    assert POSITIONS == ("none", "learned", "sinusoidal", "alibi", "rope", "spa_prior")
     assert POS_VARIANCE == 0.5
-    assert token_variance("none") == 1.0
+    for pos in ("none", "alibi", "rope", "spa_prior"):               # nothing added to the embedding
+        assert token_variance(pos) == 1.0
     for pos in ("learned", "sinusoidal"):
         assert token_variance(pos) + POS_VARIANCE == 1.0          # q = 1 at the embedding output
 
@@ -52,8 +53,10 @@ def test_input_kernel_counts_repeated_tokens_and_positions():
                                0.8 * same + 0.2 * np.eye(6), rtol=1e-15)
     with pytest.raises(ValueError, match="n_embd"):
         input_kernel(t, pos="sinusoidal")
-    with pytest.raises(ValueError, match="pos='rope'"):
-        input_kernel(t, pos="rope")
+    for pos in ("alibi", "rope", "spa_prior"):               # they act in attention, not here
+        np.testing.assert_array_equal(input_kernel(t, pos=pos), same)
+    with pytest.raises(ValueError, match="pos='rotary'"):
+        input_kernel(t, pos="rotary")
 
 
 def test_input_kernel_argument_errors():

@@ -520,9 +520,9 @@ def test_a_signal_before_anything_is_written_stops_at_once(tmp_path, text_file, 
         try:
             real = train.load_dataset
 
-            def loading(spec):
+            def loading(spec, **kw):
                 os.kill(os.getpid(), T)
-                return real(spec)
+                return real(spec, **kw)
 
             train.load_dataset = loading
             rc = train.main(args(text_file, out))

@@ -12,7 +12,7 @@ the paper (docs/method.md §12), and the kernel-budget study.
 
 Each writes result.json, table.md and plot.png to --out (default out/NAME). Presets:
 --preset=quick (default; a 2-core CPU, about 15 minutes or less), --preset=full (one GPU),
---preset=tiny (seconds; for tests). `python -m nanospa.experiments NAME --help` lists the
+--preset=tiny (seconds; for tests), --preset=study (quick's scale, 3 seeds, every method). `python -m nanospa.experiments NAME --help` lists the
 settings of one command. Bad settings or output folders (checked before any training), missing
 data, full disks and the like: one `error:` line, exit status 2 (NANOSPA_DEBUG=1 for a traceback).
 """

@@ -2,14 +2,17 @@
 Value-SkipInit, U-SPA and E-SPA, against the Pre-LN transformer (docs/method.md §4, §6,
 §7, §12).
 
-    python -m nanospa.experiments fig2 [--preset=quick|full|tiny] [--key=value ...]
+    python -m nanospa.experiments fig2 [--preset=quick|study|full|tiny] [--key=value ...]
 
 Every vanilla model uses the same shaped activation (TAT leaky ReLU) and the kernel
-budget of GPTConfig's defaults; Pre-LN uses learned positions, LayerNorm and GeLU.
+budget of GPTConfig's defaults; Pre-LN uses learned positions, LayerNorm and GeLU. The
+positional controls (controls.py: Pre-LN with ALiBi, RoPE, E-SPA's fixed prior, or no
+positions) are extra rows of the study, tiny and full presets; quick runs the paper's five.
 """
 import sys
 
 from . import report, runner
+from .controls import control_methods, controls_line
 from .runner import NAMES, PRE_LN, VANILLA, Method
 
 NAME = "fig2"
@@ -21,11 +24,13 @@ PAPER = ("Figure 2 (WikiText-103, depth 36, 3 seeds): without the attention modi
          "transformer (skips and LayerNorm) is still faster per step than every vanilla model.")
 VANILLA_KINDS = ("softmax", "value_skipinit", "uspa", "espa")
 EARLY = (0.25, 0.5)   # fractions of the run at which Pre-LN and E-SPA are also compared
+PRESETS = dict(quick=dict(methods="softmax,value_skipinit,uspa,espa,pre_ln"))
 
 
 def methods(settings):
     out = {kind: Method(dict(VANILLA, attention=kind), f"vanilla, {NAMES[kind]}") for kind in VANILLA_KINDS}
     out["pre_ln"] = Method(dict(PRE_LN), "Pre-LN, standard attention, GeLU")
+    out.update(control_methods())
     return out
 
 
@@ -50,7 +55,8 @@ def findings(result):
         ok = sm["stalled"] and not esp["stalled"]
         lines.append("central contrast (standard attention stalls near unigram, E-SPA clearly below): "
                      + ("reproduced" if ok else "NOT reproduced"))
-    return lines
+    line = controls_line(result)
+    return lines + ([line] if line else [])
 
 
 def main(argv=None):

@@ -6,7 +6,9 @@ writes and how its numbers are read.
     write_text     table.md and the like, written atomically
     naming(path)   a failed write (a full disk) inside names the file it was writing
     markdown       table.md: provenance, one row per method, the paper's claim, the findings
-    plot           plot.png: training-loss curves at each method's best rate (matplotlib)
+    per_byte       a method's final losses per byte too (subword tokens: data.Dataset.bytes_per_token)
+    plot           plot.png: training-loss curves at each method's best rate (matplotlib), the
+                   mean over seeds with a band of +- one standard deviation when there are several
     loss_line, ranking, loss_at, summary   helpers for each experiment's findings()
 
 The unigram entropy of the training split is the loss of the best predictor that ignores
@@ -186,10 +188,20 @@ def grid_union(result):
     return sorted({float(lr) for g in grids for lr in g} or result["settings"]["lrs"])
 
 
+def per_byte(summary, bytes_per_token):
+    """summary with final_train_per_byte and final_val_per_byte: the losses in nats per token
+    divided by the bytes per token of their split."""
+    return dict(summary, final_train_per_byte=summary["final_train"] / bytes_per_token["train"],
+                final_val_per_byte=summary["final_val"] / bytes_per_token["val"])
+
+
 def markdown(result):
     s = result["settings"]
     lines = header_lines(result)
-    lines += [f"- Data: {result['data']['name']} ({result['data']['train_tokens']:,} training tokens); "
+    bpt = result["data"].get("bytes_per_token")        # absent in results written before it existed
+    tokens = (f"{result['data'].get('tokenizer', 'byte')} tokens, {bpt['train']:.3f} bytes per token"
+              if bpt else "byte tokens")
+    lines += [f"- Data: {result['data']['name']} ({result['data']['train_tokens']:,} training {tokens}); "
               f"unigram entropy {result['data']['unigram_entropy']:.3f} nats/token",
               f"- Setting: depth {s['n_layer']}, width {s['n_embd']}, {s['n_head']} heads, T = {s['block_size']}, "
               f"batch {s['batch_size']}, {s['steps']} steps, "
@@ -199,15 +211,18 @@ def markdown(result):
                  else "; some methods have their own grid, see the columns") + "), "
               f"seeds {s['seeds']}, {s['dtype']}, preset {s['preset']}", ""]
     lrs = grid_union(result)
-    head = ["method", "model", "steps", "best lr", "final train loss", "final val loss",
-            "unigram - train"] + [f"train @ lr {lr:g}" for lr in lrs]
+    head = (["method", "model", "steps", "best lr", "final train loss", "final val loss"]
+            + (["train nats/byte", "val nats/byte"] if bpt else []) + ["unigram - train"]
+            + [f"train @ lr {lr:g}" for lr in lrs])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, m in result["methods"].items():
         by_lr = m["summary"]["by_lr"]
         sm = m["summary"]
         std = f" ± {sm['final_train_std']:.3f}" if s["seeds"] > 1 and sm["best_lr"] else ""
         row = [label, m["description"], str(m["steps"]), fmt(sm["best_lr"], "g"),
-               fmt(sm["final_train"]) + std, fmt(sm["final_val"]), fmt(sm["below_unigram"], "+.3f")]
+               fmt(sm["final_train"]) + std, fmt(sm["final_val"])]
+        row += [fmt(sm.get("final_train_per_byte")), fmt(sm.get("final_val_per_byte"))] if bpt else []
+        row += [fmt(sm["below_unigram"], "+.3f")]
         row += [fmt(by_lr.get(repr(lr))) for lr in lrs]
         lines.append("| " + " | ".join(row) + " |")
     plans = []
@@ -230,8 +245,12 @@ def markdown(result):
             lines += ["", "Best learning rate at an edge of the grid (a wider grid could lower these "
                       "losses): " + ", ".join(edge) + "."]
     lines += ["", "Final losses are means over fixed batches after training (train and validation "
-              "split), averaged over seeds at the best learning rate. \"unigram - train\" > "
-              f"{STALL_MARGIN} means the model learnt more than byte frequencies.", "",
+              "split), averaged over seeds at the best learning rate"
+              + (" (± the standard deviation over seeds)" if s["seeds"] > 1 else "") + ", in nats per token"
+              + (" and per UTF-8 byte (nats/token divided by the split's bytes per token)" if bpt else "")
+              + f". \"unigram - train\" > {STALL_MARGIN} means the model learnt more than "
+              + ("byte" if not bpt or result["data"].get("tokenizer", "byte") == "byte" else "token")
+              + " frequencies.", "",
               "## What the paper reports", "", result["paper"], "", "## What nanospa measured", ""]
     lines += [f"- {line}" for line in result["findings"]]
     return "\n".join(lines) + "\n"
@@ -242,6 +261,18 @@ def smooth(y, window):
         return np.asarray(y)
     kernel = np.ones(window) / window
     return np.convolve(y, kernel, mode="valid")
+
+
+def seed_spread(method, window):
+    """The standard deviation over seeds of the smoothed training-loss curves at the method's
+    best rate, point by point (the plot's band around the mean curve); None with one seed."""
+    lr = method["summary"]["best_lr"]
+    runs = [dict(r["history"]) for r in method.get("runs", []) if r["lr"] == lr]
+    its = [it for it, _ in method["summary"]["curve"]]
+    if len(runs) < 2 or not its:
+        return None
+    curves = [smooth(np.array([h.get(it, math.nan) for it in its], dtype=float), window) for h in runs]
+    return np.std(np.array(curves), axis=0)
 
 
 def plot(result, path, panels=None):
@@ -268,8 +299,11 @@ def plot(result, path, panels=None):
             it, loss = np.array(curve).T
             w = max(1, len(loss) // SMOOTH_POINTS)
             y = smooth(loss, w)
-            ax.plot(it[w - 1:] if w > 1 else it, y,
-                    label=f"{label} (lr {methods[label]['summary']['best_lr']:g})")
+            x = it[w - 1:] if w > 1 else it
+            line, = ax.plot(x, y, label=f"{label} (lr {methods[label]['summary']['best_lr']:g})")
+            spread = seed_spread(methods[label], w)
+            if spread is not None and len(spread) == len(y):
+                ax.fill_between(x, y - spread, y + spread, color=line.get_color(), alpha=0.2, lw=0)
             lows.append(np.nanmin(y))
         ax.axhline(unigram, color="k", ls="--", lw=1, label="unigram entropy")
         ax.set_ylim(min(lows) - Y_MARGIN[0], math.log(result["data"]["vocab_size"]) + Y_MARGIN[1])

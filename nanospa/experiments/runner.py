@@ -6,6 +6,7 @@ One experiment module (fig2.py, table1.py, fig3.py, table2.py, longer.py) declar
     PRESETS                    {preset: {setting: value}} on top of the runner's presets
     methods(settings)          {label: Method}: the model variants it compares
     findings(result)           lines setting the measured numbers beside the paper's claim
+    analysis(result) (optional) more numbers for result.json's "analysis", before the findings
     PANELS (optional)          [(panel title, [labels])] for the plot
 
 and the runner does the rest: methods x learning-rate grid x seeds (a process pool of
@@ -37,7 +38,9 @@ from pathlib import Path
 import numpy as np
 
 from ..settings import check_output_dir, help_text, parse_settings, run_command, wants_help
-from .report import STALL_MARGIN, duration, fmt, load_average, markdown, plot, provenance, write_json, write_text
+from ..tokenizer import check as check_tokenizer
+from .report import (STALL_MARGIN, duration, fmt, load_average, markdown, per_byte, plot, provenance, write_json,
+                     write_text)
 
 LOSS_DECIMALS = 5     # loss histories in result.json: float32 losses, 5 decimals suffice
 CURVE_POINTS = 1000   # at most about this many training-loss records per run
@@ -45,6 +48,7 @@ CURVE_POINTS = 1000   # at most about this many training-loss records per run
 DEFAULTS = dict(
     preset="quick",
     data="default",
+    tokenizer="byte",
     out="",
     seeds=1,
     lrs=(1e-3, 3e-3),
@@ -65,8 +69,9 @@ DEFAULTS = dict(
     methods="",
 )
 NOTES = dict(
-    preset="tiny (CI, seconds) | quick (2-core CPU, <= ~15 min) | full (one GPU)",
+    preset="tiny (CI, seconds) | quick (2-core CPU, <= ~15 min) | study (quick, 3 seeds, every method) | full (one GPU)",
     data="dataset: default (embedded corpus) | PATH | shakespeare[:FILE] | wikitext2[:...]",
+    tokenizer="byte | bpe:N (byte-level BPE of N tokens trained on the train split; extra [bpe]; losses also per byte)",
     out="output folder (default out/NAME)",
     seeds="seeds per (method, learning rate): 0 .. seeds-1",
     lrs="learning-rate grid shared by every method, e.g. 1e-3,3e-3",
@@ -91,6 +96,10 @@ PRESETS = dict(
               seeds=1, workers=0, eval_batches=1, device="cpu"),
     quick=dict(n_layer=24, n_embd=64, n_head=2, block_size=64, batch_size=8, steps=400,
                lrs=(1e-3, 3e-3), seeds=1, workers=2, eval_batches=8, device="cpu"),
+    # study: the quick scale with 3 seeds (mean ± std in tables, bands in plots) and the
+    # experiment's full method list (fig2, longer: the positional controls; docs/positions.md)
+    study=dict(n_layer=24, n_embd=64, n_head=2, block_size=64, batch_size=8, steps=400,
+               lrs=(1e-3, 3e-3), seeds=3, workers=2, eval_batches=8, device="cpu"),
     # full: the paper's depth with a width and context one GPU trains at ~0.28 s/step (train.py's
     # gpu preset, H200); there E-SPA diverged at lr >= 3e-4, hence the low end of the grid.
     # Not run by nanospa yet: about 40 runs x 2000 steps x 0.28 s = 6 h for fig2. The 2 MB
@@ -146,6 +155,7 @@ def settings_for(spec, argv):
     defaults.update(presets[defaults["preset"]])
     s = parse_settings(argv, defaults, presets)
     s["config_overrides"] = {k: s[k] for k in cfg_fields if k in s["_explicit"]}
+    check_tokenizer(s["tokenizer"])                # bpe:N: a bad spec or a missing package, before any work
     for key in ("seeds", "steps", "batch_size", "eval_batches"):
         if s[key] < 1:
             raise ValueError(f"{key} must be >= 1, got {s[key]}")
@@ -186,11 +196,11 @@ def model_config(s, method, vocab_size):
 _DATA = {}
 
 
-def _dataset(spec):
+def _dataset(spec, tokenizer="byte"):
     import data as nanospa_data
-    if spec not in _DATA:
-        _DATA[spec] = nanospa_data.load_dataset(spec)
-    return _DATA[spec]
+    if (spec, tokenizer) not in _DATA:
+        _DATA[spec, tokenizer] = nanospa_data.load_dataset(spec, tokenizer=tokenizer)
+    return _DATA[spec, tokenizer]
 
 
 def train_job(job):
@@ -199,7 +209,7 @@ def train_job(job):
     from ..config import GPTConfig
     from .common import train_run
     backend.use(job["device"])
-    ds = _dataset(job["data"])
+    ds = _dataset(job["data"], job.get("tokenizer", "byte"))
     cfg = GPTConfig(**job["config"])
     r = train_run(cfg, ds.train, ds.val, steps=job["steps"], lr=job["lr"], seed=job["seed"],
                   batch_size=job["batch_size"], warmup=job["warmup"],
@@ -232,7 +242,8 @@ def make_jobs(s, methods, configs):
                                  warmup=m.warmup if m.warmup is not None else (s["warmup"] * m.steps_factor or None),
                                  min_lr_ratio=s["min_lr_ratio"], weight_decay=s["weight_decay"],
                                  grad_clip=s["grad_clip"], eval_batches=s["eval_batches"],
-                                 log_every=max(1, steps // CURVE_POINTS), data=s["data"], device=s["device"]))
+                                 log_every=max(1, steps // CURVE_POINTS), data=s["data"], device=s["device"],
+                                 tokenizer=s["tokenizer"]))
     return jobs
 
 
@@ -303,7 +314,7 @@ def run(spec, argv):
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     s = settings_for(spec, argv)
     s["_load_start"] = load_average()
-    ds = _dataset(s["data"])                       # builds the token cache once, before any worker
+    ds = _dataset(s["data"], s["tokenizer"])       # builds the token cache (and BPE) once, before any worker
     nanospa_data.check_length(ds, s["block_size"])
     unigram = float(nanospa_data.unigram_entropy(ds.train, ds.vocab_size))
     methods = selected_methods(spec, s)
@@ -319,7 +330,8 @@ def run(spec, argv):
     result = dict(name=spec.NAME, title=spec.TITLE, paper=spec.PAPER, complete=False, settings=public,
                   data=dict(spec=s["data"], name=ds.name, description=ds.description,
                             train_tokens=int(len(ds.train)), val_tokens=int(len(ds.val)),
-                            vocab_size=int(ds.vocab_size), unigram_entropy=unigram),
+                            vocab_size=int(ds.vocab_size), unigram_entropy=unigram, tokenizer=s["tokenizer"],
+                            bytes_per_token=dict(ds.bytes_per_token)),
                   methods={label: dict(description=m.description, config=configs[label], plan=plans[label],
                                        steps=s["steps"] * m.steps_factor, runs=[], extra=m.extra,
                                        lrs=list(m.grid(s)), optimizer=dict(m.optimizer))
@@ -347,7 +359,8 @@ def run(spec, argv):
     run_jobs(jobs, s["workers"], on_result)
     for label, m in result["methods"].items():
         m["runs"].sort(key=lambda r: (r["lr"], r["seed"]))
-        m["summary"] = summarise_method(m["runs"], m["lrs"], unigram)
+        m["summary"] = per_byte(summarise_method(m["runs"], m["lrs"], unigram), ds.bytes_per_token)
+    result["analysis"] = spec.analysis(result) if hasattr(spec, "analysis") else {}   # e.g. longer's ratios
     result["findings"] = list(spec.findings(result))
     result["complete"] = True
     result["provenance"] = provenance(spec.NAME, argv, s, started, t0)
@@ -365,6 +378,7 @@ def rerender(spec, out):
     its result.json, e.g. after a change to the findings' wording. No training."""
     out = Path(out)
     result = json.loads((out / "result.json").read_text(encoding="utf-8"))
+    result["analysis"] = spec.analysis(result) if hasattr(spec, "analysis") else {}
     result["findings"] = list(spec.findings(result))
     write_json(out / "result.json", result)
     write_text(out / "table.md", markdown(result))

@@ -14,6 +14,7 @@ qc_maps.py        quadrature and the Q/C maps of an activation (docs/activations
 depth_targets.py  per-layer targets from network-level ones (docs/activations.md §6)
 act_transform.py  the DKS and TAT solvers (docs/activations.md §3-§5, §7)
 inputs.py         the input kernel Sigma_0 and positional encodings (§11)
+positions.py      positions in the attention logits: ALiBi, RoPE, E-SPA's prior (docs/positions.md)
 maps.py           the wide-limit kernel map of each sublayer (§3.2, §10; DeepNorm, nGPT)
 norm_maps.py      BatchNorm (batch kernels), causal BatchNorm, PRepBN at init, GroupNorm (docs/norms.md)
 residuals.py      the constants of DeepNorm and nGPT (docs/residuals.md)
@@ -35,6 +36,7 @@ from .activations import LEAKY_RELU_SLOPE
 from .qc_maps import q_map, c_map
 from .act_transform import activation_transform, shaped_activation_names
 from .inputs import POS_VARIANCE, POSITIONS, input_kernel, sinusoidal_encoding, token_variance
+from .positions import alibi_slopes, rope_frequencies, spa_prior_config
 from .maps import DYT_ALPHA, MLPMap
 from .norm_maps import BATCH_NORM_EPS, batchnorm_map, causal_batchnorm_map
 from .predict import predict_kernels, KernelPrediction

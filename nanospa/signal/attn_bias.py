@@ -289,12 +289,12 @@ def realise(B, D, T=None):
     """A_l = diag(D_l) softmax(B_l) (method §8), (T, T) float64, for the first T positions
     (T <= len(D); every quantity here is prefix consistent). The softmax runs over the
     causal entries j <= i only, whatever B holds above the diagonal; entries below
-    kernels.TINY are flushed to 0."""
+    kernels.TINY are flushed to 0. B may have leading axes (one bias per head: (H, T, T))."""
     T = len(D) if T is None else T
-    logits = np.where(np.tri(T, dtype=bool), np.asarray(B, dtype=np.float64)[:T, :T], -np.inf)
+    logits = np.where(np.tri(T, dtype=bool), np.asarray(B, dtype=np.float64)[..., :T, :T], -np.inf)
     with np.errstate(under="ignore"):
-        P = np.exp(logits - logits.max(axis=1, keepdims=True))
-    P /= P.sum(axis=1, keepdims=True)
+        P = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    P /= P.sum(axis=-1, keepdims=True)
     return flush(rescale(P, np.asarray(D, dtype=np.float64)))
 
 

@@ -49,6 +49,7 @@ import numpy as np
 from .act_transform import activation_transform, shaped_activation_names
 from .depth_targets import chain_c0
 from .kernels import DEFAULT_GAMMA_FINAL, SPA_KINDS, spa_schedule
+from .positions import spa_prior_config
 from .walks import JOINT_SOLVE_T, extend_overrides, network_stats, pair_walk, qpreserve_walk_T, walk
 
 BUDGETS = ("independent", "joint", "qpreserve", "mlp_aware", "joint_qpreserve")
@@ -95,6 +96,8 @@ class Plan:
     activation  the keyword arguments of act_transform.activation_transform for the MLP's
                 phi_hat: activation (base), method, and depth and targets when shaped
     info        the chosen targets and what the policy predicted, for printing and logging
+    prior       pos="spa_prior": the Plan of the E-SPA model whose B_l the model adds to its
+                softmax logits (positions.spa_prior_config; its D_l is not used); else None
     """
     policy: str
     kind: object
@@ -104,6 +107,7 @@ class Plan:
     overrides: tuple = None
     activation: Mapping = None
     info: Mapping = None
+    prior: object = None
 
     def __post_init__(self):
         for name in ("activation", "info"):
@@ -296,6 +300,9 @@ def make_plan(cfg):
     if uses_eta(cfg):
         info["eta"] = eta
     common = dict(policy=policy, n_layer=cfg.n_layer, block_size=cfg.block_size, activation=activation)
+    if getattr(cfg, "pos", None) == "spa_prior":                # E-SPA's B_l for another model
+        common["prior"] = make_plan(spa_prior_config(cfg))
+        info["spa_prior_gamma_final"] = common["prior"].info["gamma_final"]
     if not spa:
         return Plan(kind=None, info=info, **common)
     if final is None:

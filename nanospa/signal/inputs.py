@@ -2,8 +2,10 @@
 (batch_input_kernel, for BatchNorm's maps), and the positional encodings it depends on.
 
 The model's embedding gives each token id a vector of variance sigma_e^2 per coordinate and
-(with positions) adds one of variance sigma_p^2 = POS_VARIANCE, so that every position has
-q = 1 at the embedding output. Not here: what the blocks do to Sigma_0 (maps.py, predict.py).
+(with additive positions, ADDITIVE_POSITIONS) adds one of variance sigma_p^2 = POS_VARIANCE,
+so that every position has q = 1 at the embedding output. The other positional schemes act
+on the attention logits (positions.py) and leave Sigma_0 as without positions. Not here:
+what the blocks do to Sigma_0 (maps.py, predict.py).
 """
 import math
 
@@ -13,13 +15,14 @@ from .kernels import check_T
 
 POS_VARIANCE = 0.5          # share of q = 1 given to positions when pos != "none" [nanospa's choice]
 SINUSOID_BASE = 10000.0     # the wavelength base of sinusoidal positions (Vaswani et al. 2017)
-POSITIONS = ("none", "learned", "sinusoidal")
+POSITIONS = ("none", "learned", "sinusoidal", "alibi", "rope", "spa_prior")
+ADDITIVE_POSITIONS = ("learned", "sinusoidal")   # added to the embedding; the rest act in attention
 
 
 def token_variance(pos):
     """sigma_e^2, the token embedding's variance per coordinate: 1 - POS_VARIANCE with
-    positions, 1 without."""
-    return 1.0 if pos == "none" else 1.0 - POS_VARIANCE
+    additive positions, 1 without (none, and the schemes that act in attention)."""
+    return 1.0 - POS_VARIANCE if pos in ADDITIVE_POSITIONS else 1.0
 
 
 def sinusoidal_encoding(T, n_embd, pos_variance=POS_VARIANCE):
@@ -38,7 +41,7 @@ def input_kernel(tokens=None, T=None, pos="none", n_embd=None, pos_variance=POS_
 
         Sigma_0[i, j] = sigma_e^2 1[t_i = t_j] + sigma_p^2 1[i = j]      pos = "learned"
         Sigma_0[i, j] = sigma_e^2 1[t_i = t_j] + (P P^T / d)[i, j]       pos = "sinusoidal"
-        Sigma_0[i, j] = 1[t_i = t_j]                                     pos = "none"
+        Sigma_0[i, j] = 1[t_i = t_j]                      pos = "none", "alibi", "rope", "spa_prior"
 
     with sigma_p^2 = pos_variance and sigma_e^2 = 1 - sigma_p^2 (sigma_e^2 = 1 without
     positions). tokens: a (T,) sequence of ids, or None for T distinct tokens (then
@@ -58,7 +61,7 @@ def input_kernel(tokens=None, T=None, pos="none", n_embd=None, pos_variance=POS_
             raise ValueError(f"T={T} does not match len(tokens)={t.size}")
         T = t.size
         same = (t[:, None] == t[None, :]).astype(np.float64)
-    if pos == "none":
+    if pos in POSITIONS and pos not in ADDITIVE_POSITIONS:
         return same
     if not 0.0 < pos_variance < 1.0:
         raise ValueError(f"pos_variance must be in (0, 1), got {pos_variance}")

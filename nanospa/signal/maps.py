@@ -2,8 +2,8 @@
 §3.2, §10): what one attention sublayer, one MLP, one norm and one residual branch do to a
 (T, T) kernel Sigma when n_embd -> inf with the model's own initialisation.
 
-    attention_map          Sigma -> A Sigma A^T (heads sharing A, W^V W^O orthogonal)
-    softmax_attention_map  the mean field of causal softmax with random W^Q, W^K
+    attention_map          Sigma -> A Sigma A^T (heads sharing A, W^V W^O orthogonal; or per head)
+    softmax_attention_map  the mean field of causal softmax with random W^Q, W^K (+ ALiBi, RoPE)
     MLPMap                 Sigma'_ij = E[phi_hat(u_i) phi_hat(u_j)], u ~ N(0, Sigma)
     normalise, dyt_map     LayerNorm / RMSNorm / GroupNorm (Sigma -> C) and DyT
     BlockMaps              one configuration's residual and norm arrangement (DeepNorm included;
@@ -31,7 +31,12 @@ BISECTION_STEPS = 60        # C^-1 by bisection on [-1, 1]: 2 * 2^-60 is below f
 
 def attention_map(Sigma, A):
     """A Sigma A^T: the kernel after an attention sublayer whose heads share A and whose
-    W^V W^O is orthogonal (method §3.2). Sigma, A: (T, T)."""
+    W^V W^O is orthogonal (method §3.2). Sigma, A: (T, T). With one matrix per head, A
+    (H, T, T) (ALiBi's slopes differ by head), the mean over heads of A_h Sigma A_h^T: head
+    h sees X through the D = C / H columns of the orthogonal W^V it owns, a random projection
+    with X P_h X^T -> X X^T / H, and the rows of W^O keep the heads' outputs orthogonal."""
+    if A.ndim == 3:
+        return flush(np.mean(A @ Sigma @ np.swapaxes(A, -1, -2), axis=0))
     return flush(A @ Sigma @ A.T)
 
 
@@ -41,7 +46,7 @@ def _root(K):
     return V * np.sqrt(np.clip(w, 0.0, None))
 
 
-def softmax_attention_map(Sigma, n_samples=32, seed=0, logit_kernels=None):
+def softmax_attention_map(Sigma, n_samples=32, seed=0, logit_kernels=None, bias=None, rope=None):
     """Mean-field kernel map of causal softmax attention with random W^Q, W^K ~ N(0, 1/d)
     at init, estimated by Monte Carlo: in the wide limit the logits of one head are a
     Gaussian matrix with Cov(l_ij, l_i'j') = Sigma_ii' Sigma_jj' (queries and keys are
@@ -58,25 +63,48 @@ def softmax_attention_map(Sigma, n_samples=32, seed=0, logit_kernels=None):
     logit_kernels: the kernels K_1..K_m whose logit matrices add, G = sum_k R_k Z_k R_k^T
     with independent Z_k (default [Sigma]): RealFormer's carried scores (the layers' own
     independent W^Q, W^K) and nGPT's logits, drawn from the normalised kernel
-    (docs/residuals.md). The values are always Sigma."""
+    (docs/residuals.md). The values are always Sigma.
+
+    Positions acting on the logits (positions.py): bias, a fixed (T, T) or per-head
+    (H, T, T) addition to G (ALiBi, the SPA prior; each sample then uses every head's bias
+    and the heads are averaged); rope, RoPE's frequencies theta (K,), which multiply the
+    covariance by c((j-i) - (j'-i')) = mean_k cos(((j-i) - (j'-i')) theta_k): sampled as
+    G = K^-1/2 sum_k (G_k cos((j-i) theta_k) + G'_k sin((j-i) theta_k)) with 2K independent
+    Gaussian matrices like G above. With neither, the draws are those of the plain map."""
     T = Sigma.shape[0]
     P0 = uniform_causal_attention(T)
     if n_samples <= 0:
-        return attention_map(Sigma, P0)
+        return attention_map(Sigma, P0 if bias is None else _causal_softmax(np.asarray(bias, dtype=np.float64)))
     rng = np.random.default_rng(seed)
     roots = [_root(K) for K in (logit_kernels if logit_kernels is not None else [Sigma])]
-    mask = np.tril(np.ones((T, T), dtype=bool))
+    if rope is not None:
+        phase = (np.arange(T)[None, :] - np.arange(T)[:, None])[None] * np.asarray(rope)[:, None, None]
+        cos, sin = np.cos(phase), np.sin(phase)                # (K, T, T), angle (j - i) theta_k
+
+    def draw(root):                                            # one logit matrix of covariance root root^T
+        if rope is None:
+            return root @ rng.standard_normal((T, T)) @ root.T
+        Z = root @ rng.standard_normal((2, len(rope), T, T)) @ root.T
+        return (Z[0] * cos + Z[1] * sin).sum(axis=0) / np.sqrt(len(rope))
+
     out = np.zeros_like(Sigma)
     for _ in range(n_samples):
-        G = roots[0] @ rng.standard_normal((T, T)) @ roots[0].T
-        for root in roots[1:]:
-            G = G + root @ rng.standard_normal((T, T)) @ root.T
-        G = np.where(mask, G, -np.inf)
-        G -= G.max(axis=1, keepdims=True)
-        P = np.exp(G)
-        P /= P.sum(axis=1, keepdims=True)
-        out += P @ Sigma @ P.T
+        G = draw(roots[0])
+        for root in roots[1:]:                                 # RealFormer: the carried layers' logits
+            G = G + draw(root)
+        P = _causal_softmax(G if bias is None else G + bias)
+        out += np.mean(P @ Sigma @ np.swapaxes(P, -1, -2), axis=0) if P.ndim == 3 else P @ Sigma @ P.T
     return out / n_samples
+
+
+def _causal_softmax(G):
+    """softmax over j <= i of the last two axes (entries above the diagonal ignored)."""
+    T = G.shape[-1]
+    G = np.where(np.tri(T, dtype=bool), G, -np.inf)
+    G = G - G.max(axis=-1, keepdims=True)
+    with np.errstate(under="ignore"):
+        P = np.exp(G)
+    return P / P.sum(axis=-1, keepdims=True)
 
 
 def normalise(Sigma):
@@ -182,7 +210,7 @@ class BlockMaps:
         """The kernel K whose Gaussian logits Cov = K_ii' K_jj' random W^Q, W^K give."""
         return Sigma_in
 
-    def attention(self, Sigma_in, A=None, n_samples=32, seed=0, carried=None):
+    def attention(self, Sigma_in, A=None, n_samples=32, seed=0, carried=None, bias=None, rope=None):
         """The attention branch's kernel: A Sigma A^T for a known A (exact at init), else
         the softmax mean field (softmax_attention_map). carried: None, or RealFormer's list
         of the logit kernels of the softmax layers before, to which this layer's is appended.
@@ -194,7 +222,7 @@ class BlockMaps:
             kernels = [K] if carried is None else carried + [K]
             if carried is not None:
                 carried.append(K)
-            h = softmax_attention_map(Sigma_in, n_samples, seed, logit_kernels=kernels)
+            h = softmax_attention_map(Sigma_in, n_samples, seed, logit_kernels=kernels, bias=bias, rope=rope)
         return self.scale_attention(h)
 
     def scale_attention(self, h):

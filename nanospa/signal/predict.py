@@ -9,7 +9,8 @@ structure as nanospa.model.GPT:
     attention        Sigma -> A Sigma A^T, A = diag(D_l) softmax(B_l) (SPA, exact at init),
                      I (Value-SkipInit, exact), the uniform causal matrix (softmax with
                      zero_query, exact), or for softmax with random W^Q, W^K a mean-field
-                     estimate (maps.softmax_attention_map)
+                     estimate (maps.softmax_attention_map); logit positions (ALiBi, RoPE,
+                     the SPA prior: positions.py) enter both, per head where they differ
     MLP              maps.MLPMap: the C-map on correlations with the Q-map on the diagonal
     residual, norm   maps.BlockMaps (DeepNorm's alpha, beta included); nGPT: maps.NGPTMaps
     RealFormer       carried logits: zero where W^Q = 0 (exact), else the layers' Gaussian
@@ -33,25 +34,30 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .attn_bias import layer_bias, realise
+from .attn_bias import layer_parts, realise
 from .budget import make_plan
 from .inputs import input_kernel
 from .kernels import kernel_stats, spa_kernel, uniform_causal_attention, value_skipinit_attention
 from .maps import block_maps
 from .norm_maps import batch_attention
+from .positions import logit_bias, rope_frequencies
 
 SUBLAYERS = ("attn_branch", "attn", "mlp_branch", "mlp")
 
 
 def effective_attention(cfg, plan, layer, T):
-    """A_l of block `layer` (1-based) at init, (T, T), or None for softmax with random
-    queries (then the kernel map is maps.softmax_attention_map)."""
+    """A_l of block `layer` (1-based) at init, (T, T) or, with ALiBi, one per head (H, T, T);
+    None for softmax with random queries (then the kernel map is maps.softmax_attention_map).
+    With W^Q = 0 the logits are the fixed bias alone (positions.logit_bias: SPA's B_l or
+    the prior's, plus ALiBi), so A_l = diag(D_l) softmax(bias), D_l = 1 without SPA; RoPE
+    rotates zero queries and changes nothing."""
+    bias = logit_bias(cfg, plan, layer, T)
     if plan.kind is not None:
-        return realise(*layer_bias(plan, layer, T))
+        return realise(bias, layer_parts(plan, layer, T)[1])
     if cfg.attention == "value_skipinit":
         return value_skipinit_attention(T)                    # alpha I + beta P at init: I
     if cfg.zero_query:
-        return uniform_causal_attention(T)
+        return uniform_causal_attention(T) if bias is None else realise(bias, np.ones(T))
     return None
 
 
@@ -177,11 +183,14 @@ def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32, batch=N
         pred.notes.append("residual_attention: the carried scores are zero at init where W^Q = 0; "
                           "with random W^Q, W^K the layers' independent Gaussian logits add")
     targets = plan_targets(plan, T)
+    rope = rope_frequencies(config.n_embd // config.n_head) if config.pos == "rope" else None
     S = sigma_0
     for l in range(1, config.n_layer + 1):
         A = effective_attention(config, plan, l, T)
+        bias = logit_bias(config, plan, l, T) if A is None else None          # ALiBi, the SPA prior
         A_all = batch_attention(A, B) if batch and A is not None else A     # (B T, B T): each sequence its own
-        f_att = lambda X, A=A_all, l=l: maps.attention(X, A, softmax_samples, seed=l, carried=carried)
+        f_att = lambda X, A=A_all, l=l, bias=bias: maps.attention(X, A, softmax_samples, seed=l, carried=carried,
+                                                                  bias=bias, rope=rope)
         h_att, S = maps.sublayer(S, f_att)
         h_mlp, S_out = maps.sublayer(S, maps.mlp)
         pred.layers.append(dict(attn_branch=h_att, attn=S, mlp_branch=h_mlp, mlp=S_out,

@@ -10,10 +10,12 @@ duck typing (GPTConfig's fields).
 """
 import numpy as np
 
-from .attn_bias import layer_bias, realise
+from .attn_bias import layer_bias, layer_parts, realise
 from .budget import make_plan
 from .inputs import input_kernel
 from .kernels import kernel_stats, spa_kernel, uniform_causal_attention
+from .maps import attention_map
+from .positions import logit_bias
 from .predict import predict_kernels
 
 
@@ -42,18 +44,21 @@ def attention_only_kernels(cfg, plan=None, T=None):
     Sigma_l = A_l Sigma_{l-1} A_l^T with the model's A_l at init: diag(D_l) softmax(B_l)
     for E-SPA / U-SPA (the schedule's targets when the plan builds A_l from them), the
     uniform causal matrix for softmax (§3.4: exact with W^Q = 0, the zero-query picture
-    otherwise) and I for Value-SkipInit (beta = 0)."""
+    otherwise) and I for Value-SkipInit (beta = 0). Positions in the logits enter as at
+    init with W^Q = 0 (positions.logit_bias: softmax of ALiBi or the SPA prior, one matrix
+    per head for ALiBi, whose kernels are averaged; RoPE changes nothing)."""
     T = T or cfg.block_size
     plan = plan or make_plan(cfg)
     out = [np.eye(T)]
     for l in range(1, cfg.n_layer + 1):
+        bias = logit_bias(cfg, plan, l, T)
         if plan.kind is not None:
-            A = realise(*layer_bias(plan, l, T))
+            A = realise(bias, layer_parts(plan, l, T)[1])
         elif cfg.attention == "softmax":
-            A = uniform_causal_attention(T)
+            A = uniform_causal_attention(T) if bias is None else realise(bias, np.ones(T))
         else:
             A = np.eye(T)
-        out.append(A @ out[-1] @ A.T)
+        out.append(attention_map(out[-1], A) if A.ndim == 3 else A @ out[-1] @ A.T)
     return out
 
 
