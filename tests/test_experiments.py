@@ -17,13 +17,15 @@ from nanospa.experiments.__main__ import COMMANDS, main
 from nanospa.experiments.controls import POSITION_CONTROLS
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAINING = ("fig2", "table1", "fig3", "table2", "longer", "kfac")
+TRAINING = ("fig2", "table1", "fig3", "table2", "longer", "kfac", "norms")
 EXPECTED_METHODS = {
     "fig2": {"softmax", "value_skipinit", "uspa", "espa", "pre_ln", *POSITION_CONTROLS},
     "table1": {a + n for a in ("dks_gelu", "tat_lrelu", "gelu", "sigmoid") for n in ("", "+LN")},
     "fig3": {"softmax+NR", "value_skipinit+NR", "uspa+NR", "espa+NR", "pre_ln"},
     "table2": {"pre_ln", "espa+NR+LN", "espa+NR", "softmax+NR+LN"},
     "longer": {"pre_ln", "espa", "espa_long", "pre_ln_long", *POSITION_CONTROLS},
+    "norms": {"pre_ln", "post_ln", "post_ln_nowarmup", "deepnorm", "realformer", "ngpt", "pre_rmsnorm", "pre_dyt",
+              "pre_batchnorm", "pre_prepbn", "pre_groupnorm", "espa", "espa_nr"},
     "kfac": {m + o for m in ("espa", "softmax", "pre_ln") for o in ("_adamw", "_kfac_d0.01")},
 }
 

@@ -9,6 +9,7 @@ the paper (docs/method.md §12), and the kernel-budget study.
     longer   vanilla E-SPA trained about 5 times longer vs Pre-LN
     budget   the kernel-budget comparison (nanospa/experiments/budget.py)
     kfac     K-FAC against AdamW on vanilla E-SPA, standard attention and Pre-LN
+    norms    every residual and normalisation scheme at depth, beside vanilla E-SPA
 
 Each writes result.json, table.md and plot.png to --out (default out/NAME). Presets:
 --preset=quick (default; a 2-core CPU, about 15 minutes or less), --preset=full (one GPU),
@@ -22,7 +23,7 @@ import sys
 
 from ..settings import fail
 
-COMMANDS = ("fig1", "fig2", "table1", "fig3", "table2", "longer", "budget", "kfac")
+COMMANDS = ("fig1", "fig2", "table1", "fig3", "table2", "longer", "budget", "kfac", "norms")
 
 
 def main(argv=None):

@@ -20,7 +20,8 @@ One learning-rate grid, GRID; each method runs the three rates of it around its 
 best (WINDOWS, from results/fig2 and fig3 where the model was run there), and a best at
 the window's edge is flagged in the table. Recorded for each method before training
 (at_init): the mean off-diagonal normalised kernel ("cos") and mean q-value of the last
-block's output, measured on a fixed batch of validation sequences at init and predicted by
+block's output in evaluation mode (BatchNorm, PRepBN: their initial running statistics),
+measured on a fixed batch of validation sequences at init and predicted by
 nanospa.signal where the wide-limit map is known (else "no map"). Findings: final loss,
 loss around 25% and 50% of the run, and what the seed explainer says of each scheme beside
 what nanospa saw.
@@ -56,6 +57,7 @@ EXPLAINER = dict(
 )
 EARLY = (0.25, 0.5)
 PROBE_ROWS = 4       # validation sequences of the at-init kernels
+PREPBN_FRACTION = 0.16   # PRepBN's LayerNorm -> RepBN schedule as a share of the run (SLAB's 60k of 375k)
 
 
 def _methods():
@@ -64,13 +66,17 @@ def _methods():
         "pre_ln": (Method(dict(ln), "Pre-LN, LayerNorm"), HIGH),
         "post_ln": (Method(dict(ln, norm_position="post"), "Post-LN, LayerNorm, warm-up"), MID),
         "post_ln_nowarmup": (Method(dict(ln, norm_position="post"), "Post-LN, LayerNorm, no warm-up", warmup=0), MID),
-        "deepnorm": (Method(dict(ln, residual="deepnorm"), "DeepNorm (Post-LN, alpha, beta)"), MID),
+        "deepnorm": (Method(dict(ln, residual="deepnorm", norm_position="post"), "DeepNorm (Post-LN, alpha, beta)"), MID),
         "realformer": (Method(dict(ln, residual_attention=True), "Pre-LN + residual attention (RealFormer)"), HIGH),
-        "ngpt": (Method(dict(ln, residual="ngpt", norm="none"), "nGPT (normalised transformer)"), MID),
+        # nGPT: no norm layers, positions only inside attention (none here), no warm-up (as published)
+        "ngpt": (Method(dict(ln, residual="ngpt", norm="none", pos="none"), "nGPT (normalised transformer), no warm-up",
+                        warmup=0), HIGH),
         "pre_rmsnorm": (Method(dict(ln, norm="rmsnorm"), "Pre-LN, RMSNorm"), HIGH),
         "pre_dyt": (Method(dict(ln, norm="dyt"), "Pre-LN, DyT"), HIGH),
-        "pre_batchnorm": (Method(dict(ln, norm="batchnorm"), "Pre-LN, BatchNorm"), MID),
-        "pre_prepbn": (Method(dict(ln, norm="prepbn"), "Pre-LN, PRepBN (LN -> RepBN)"), HIGH),
+        # the causal forms (statistics over positions <= t): the published ones see the future
+        # while training (python -m nanospa.causality), so their loss is not a language model's
+        "pre_batchnorm": (Method(dict(ln, norm="batchnorm", norm_causal=True), "Pre-LN, causal BatchNorm"), MID),
+        "pre_prepbn": (Method(dict(ln, norm="prepbn", norm_causal=True), "Pre-LN, causal PRepBN (LN -> RepBN)"), HIGH),
         "pre_groupnorm": (Method(dict(ln, norm="groupnorm"), "Pre-LN, GroupNorm"), HIGH),
         "espa": (Method(dict(VANILLA, attention="espa"), "vanilla E-SPA"), LOW),
         "espa_nr": (Method(dict(VANILLA, attention="espa", residual="normalised"), "E-SPA, normalised residuals, no norm"), MID),
@@ -82,6 +88,8 @@ def methods(settings):
     out = {}
     for label, (m, window) in _methods().items():
         m.lrs = () if tiny else window
+        if m.config.get("norm") == "prepbn":        # SLAB's share of the run: 16 % (docs/norms.md)
+            m.config["prepbn_steps"] = max(1, round(PREPBN_FRACTION * settings["steps"]))
         out[label] = m
     return out
 
@@ -106,7 +114,8 @@ def at_init(settings, configs, ds):
     for label, d in configs.items():
         cfg = GPTConfig(**d)
         model = GPT(cfg, seed=0)
-        entry = dict(measured=_last_layer(layer_stats(measured_kernels(model, probe)["hidden"])))
+        with model.evaluating():            # as predict_kernels without batch=: running statistics
+            entry = dict(measured=_last_layer(layer_stats(measured_kernels(model, probe)["hidden"])))
         try:
             entry["predicted"] = _last_layer(layer_stats(predicted_kernels(cfg, model.plan, probe)))
         except (NotImplementedError, ValueError) as e:
