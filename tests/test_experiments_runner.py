@@ -98,14 +98,17 @@ def test_jobs_run_in_process_longest_first():
 
 
 def test_summary_at_the_best_rate():
-    runs = [dict(lr=1e-3, seed=0, final_train=2.0, final_val=2.2, history=[(0, 5.0), (9, 2.0)]),
-            dict(lr=1e-3, seed=1, final_train=3.0, final_val=3.2, history=[(0, 6.0), (9, 3.0)]),
+    runs = [dict(lr=1e-3, seed=0, final_train=2.0, final_val=2.2, history=[(0, 5.0), (9, 2.0)], cpu_seconds=1.0,
+                 steps_done=10),
+            dict(lr=1e-3, seed=1, final_train=3.0, final_val=3.2, history=[(0, 6.0), (9, 3.0)], cpu_seconds=3.0,
+                 steps_done=10),
             dict(lr=3e-3, seed=0, final_train=math.nan, final_val=math.nan, history=[(0, math.nan)])]
     m = runner.summarise_method(runs, (1e-3, 3e-3), unigram=3.0)
     assert m["best_lr"] == 1e-3 and m["by_lr"] == {"0.001": 2.5, "0.003": math.inf}
     assert (m["final_train"], m["final_train_std"], m["final_val"]) == (2.5, 0.5, pytest.approx(2.7))
     assert m["below_unigram"] == 0.5 and m["stalled"] is False
     assert m["curve"] == [[0, 5.5], [9, 2.5]]
+    assert m["step_seconds"] == pytest.approx(0.2)          # median CPU seconds per step over the seeds
     near = runner.summarise_method(runs[:1], (1e-3,), unigram=2.0 + STALL_MARGIN / 2)
     assert near["stalled"] is True
     none = runner.summarise_method(runs[2:], (3e-3,), unigram=3.0)

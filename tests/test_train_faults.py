@@ -128,13 +128,15 @@ def test_a_divergence_in_the_update_never_replaces_the_last_good_checkpoint(tmp_
                                                                           monkeypatch):
     """The 6th update makes a weight nan, after the 6th loss and gradient were found finite:
     the checkpoint of iter 6 is not written, iter 3's stays, and the message names it."""
-    class Blowup(train.AdamW):
+    from nanospa import optim
+
+    class Blowup(optim.AdamW):
         def step(self):
             super().step()
             if self.t == 6:
                 self.params[0].data[...] = np.nan
 
-    monkeypatch.setattr(train, "AdamW", Blowup)
+    monkeypatch.setattr(optim, "AdamW", Blowup)                  # what optimizers.make_optimizer builds
     out = tmp_path / "out"
     assert train.main(args(text_file, out, "--checkpoint_interval=3", "--eval_interval=100")) == 1
     line = error_line(capsys)

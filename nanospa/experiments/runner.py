@@ -293,7 +293,9 @@ def summarise_method(runs, lrs, unigram):
              for it in its]
     mean = float(np.mean(train))
     # CPU seconds where recorded: a single-threaded worker's cost, whatever else shares the machine
-    step_seconds = float(np.median([r.get("cpu_seconds", r["seconds"]) / max(1, r["steps_done"]) for r in best]))
+    times = [r.get("cpu_seconds", r.get("seconds")) for r in best]
+    step_seconds = (float(np.median([t / max(1, r["steps_done"]) for t, r in zip(times, best)]))
+                    if None not in times else math.nan)
     return dict(out, final_train=mean, final_train_std=float(np.std(train)), step_seconds=step_seconds,
                 final_val=float(np.mean(val)), below_unigram=unigram - mean,
                 stalled=bool(unigram - mean < STALL_MARGIN), curve=curve)
