@@ -14,6 +14,8 @@ from nanospa.gradcheck import check_directions
 from nanospa.ngpt import renormalise, unit
 from nanospa.tensor import Tensor
 
+from test_model import perturb  # the shared random move off the initialisation
+
 IDX = np.array([[1, 4, 4, 0, 9, 2], [3, 3, 7, 10, 1, 5]])
 TARGETS = np.roll(IDX, -1, axis=1)
 NGPT = dict(residual="ngpt", attention="softmax", activation="swish")
@@ -27,12 +29,6 @@ def tiny(**kw):
     base = dict(vocab_size=11, block_size=6, n_layer=2, n_head=2, n_embd=8, dtype="float64", **NGPT)
     base.update(kw)
     return GPTConfig(**base)
-
-
-def perturb(model, scale=0.2, seed=1):
-    rng = np.random.default_rng(seed)
-    for p in model.parameters():
-        p.data = p.data + scale * rng.standard_normal(p.shape)
 
 
 def sphere_matrices(model):

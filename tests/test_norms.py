@@ -17,6 +17,8 @@ from nanospa.nn import LayerNorm
 from nanospa.norms import BN_MOMENTUM, BatchNorm, BatchNormOp, GroupNorm, PRepBN, batch_stats
 from nanospa.optim import AdamW
 from nanospa.tensor import Tensor, sharded_backward
+
+from test_model import perturb  # the shared random move off the initialisation
 from test_train import _cache, read_log, run, text_file  # noqa: F401  (fixtures and helpers)
 
 pytestmark = pytest.mark.filterwarnings("ignore:norm=.* with norm_causal=False")
@@ -34,12 +36,6 @@ def tiny(**kw):
                 activation="gelu", residual="standard", pos="learned", norm_groups=2, prepbn_steps=2)
     base.update(kw)
     return GPTConfig(**base)
-
-
-def perturb(model, scale=0.2, seed=1):
-    rng = np.random.default_rng(seed)
-    for p in model.parameters():
-        p.data = p.data + scale * rng.standard_normal(p.shape)
 
 
 def reference_bn(x, causal, eps=1e-5):

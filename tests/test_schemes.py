@@ -14,6 +14,8 @@ from nanospa.gradcheck import check_directions
 from nanospa.signal.residuals import deepnorm_alpha, deepnorm_beta
 from nanospa.tensor import Tensor, no_grad
 
+from test_model import perturb  # the shared random move off the initialisation
+
 IDX = np.array([[1, 4, 4, 0, 9, 2], [3, 3, 7, 10, 1, 5]])
 TARGETS = np.roll(IDX, -1, axis=1)
 DEEPNORM = dict(residual="deepnorm", norm="layernorm", norm_position="post")
@@ -25,12 +27,6 @@ def tiny(**kw):
                 activation="gelu", attention="softmax")
     base.update(kw)
     return GPTConfig(**base)
-
-
-def perturb(model, scale=0.2, seed=1):
-    rng = np.random.default_rng(seed)
-    for p in model.parameters():
-        p.data = p.data + scale * rng.standard_normal(p.shape)
 
 
 # ------------------------------------------------------------------ configuration
