@@ -116,7 +116,7 @@ def test_findings_and_rerender_carry_the_ratios(tmp_path, capsys):
 def test_study_preset_and_the_positional_controls():
     s = settings_for(longer, ["--preset=study", "--out=/tmp/never-written"])
     assert s["seeds"] == 3 and s["steps"] == 400 and s["factor"] == 5
-    assert list(selected_methods(longer, s)) == ["pre_ln", *POSITION_CONTROLS, "espa", "espa_long"]
+    assert list(selected_methods(longer, s)) == ["pre_ln", *POSITION_CONTROLS, "espa", "espa_long", "pre_ln_long"]
     s = settings_for(fig2, ["--preset=study", "--out=/tmp/never-written"])
     methods = selected_methods(fig2, s)
     assert s["seeds"] == 3 and set(POSITION_CONTROLS) <= set(methods)

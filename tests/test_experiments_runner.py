@@ -134,3 +134,19 @@ def test_rerender_rewrites_table_and_findings_without_training(tmp_path, capsys)
     assert after["findings"] == before["findings"] and after["methods"] == before["methods"]
     assert all(m["plan"]["policy"] == "joint" for m in after["methods"].values())   # a dict, not its repr
     assert (out / "table.md").read_text().count("| espa |") == 1
+
+
+def test_the_study_preset_gives_each_kind_its_window_and_lrs_overrides_it():
+    from nanospa.experiments import fig2, longer
+    from nanospa.experiments.controls import STUDY_WINDOWS
+    s = runner.settings_for(fig2, ["--preset=study"])
+    got = {label: m.grid(s) for label, m in fig2.methods(s).items()}
+    assert got["espa"] == got["softmax"] == STUDY_WINDOWS["vanilla"]
+    assert got["pre_ln"] == got["pre_ln_rope"] == got["pre_ln_nopos"] == STUDY_WINDOWS["pre_ln"]
+    s = runner.settings_for(longer, ["--preset=study"])
+    ms = runner.selected_methods(longer, s)
+    assert "pre_ln_long" in ms and ms["pre_ln_long"].grid(s) == STUDY_WINDOWS["pre_ln"]
+    assert ms["espa_long"].grid(s) == STUDY_WINDOWS["vanilla"] and ms["espa_long"].steps_factor == 5
+    for argv in (["--preset=study", "--lrs=1e-3"], ["--preset=quick"]):
+        s = runner.settings_for(fig2, argv)
+        assert {m.grid(s) for m in fig2.methods(s).values()} == {tuple(s["lrs"])}

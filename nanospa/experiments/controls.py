@@ -5,6 +5,7 @@ between Pre-LN and vanilla E-SPA can be read against what positions alone do.
     POSITION_CONTROLS     {label: pos}: Pre-LN + ALiBi, + RoPE, + E-SPA's fixed prior B_l, no positions
     control_methods()     the runner's Methods for them (fig2.py and longer.py add them as rows)
     controls_line(result) one findings line: every Pre-LN variant's final loss beside E-SPA's
+    STUDY_WINDOWS, study_window(settings, kind)   the study preset's learning rates per model kind
 
 Pre-LN + E-SPA's prior (pos="spa_prior") adds to its softmax logits exactly the B_l of the
 vanilla E-SPA model of the same depth and T, without D_l; its queries stay random, as in
@@ -18,10 +19,24 @@ POSITION_CONTROLS = dict(pre_ln_alibi="alibi", pre_ln_rope="rope", pre_ln_spa_pr
 DESCRIPTIONS = dict(alibi="ALiBi", rope="RoPE", spa_prior="E-SPA's fixed prior B_l (no D_l)", none="no positions")
 
 
-def control_methods(steps_factor=1):
+# The study preset's grids (fig2, longer): three rates around each kind's best on the quick
+# scale's six-rate grid 1e-4 .. 3e-2 (results/fig2 before the study, one seed: every vanilla
+# model best at 3e-4, Pre-LN at 1e-2), so that a best inside the grid is likely and the study
+# spends 3 rates x 3 seeds per method. A best at a window's edge is still flagged in the table.
+STUDY_WINDOWS = dict(vanilla=(1e-4, 3e-4, 1e-3), pre_ln=(3e-3, 1e-2, 3e-2))
+
+
+def study_window(settings, kind):
+    """The study preset's rates of kind ("vanilla" or "pre_ln"), or () for the shared --lrs
+    (any other preset, or --lrs given on the command line)."""
+    explicit = "lrs" in settings.get("_explicit", ())
+    return STUDY_WINDOWS[kind] if settings.get("preset") == "study" and not explicit else ()
+
+
+def control_methods(steps_factor=1, lrs=()):
     """{label: Method}: Pre-LN (standard attention, GeLU, LayerNorm) with each control."""
     return {label: Method(dict(PRE_LN, pos=pos), f"Pre-LN, {DESCRIPTIONS[pos]} instead of learned positions",
-                          steps_factor=steps_factor)
+                          steps_factor=steps_factor, lrs=lrs)
             for label, pos in POSITION_CONTROLS.items()}
 
 

@@ -12,7 +12,7 @@ positions) are extra rows of the study, tiny and full presets; quick runs the pa
 import sys
 
 from . import report, runner
-from .controls import control_methods, controls_line
+from .controls import control_methods, controls_line, study_window
 from .runner import NAMES, PRE_LN, VANILLA, Method
 
 NAME = "fig2"
@@ -28,9 +28,11 @@ PRESETS = dict(quick=dict(methods="softmax,value_skipinit,uspa,espa,pre_ln"))
 
 
 def methods(settings):
-    out = {kind: Method(dict(VANILLA, attention=kind), f"vanilla, {NAMES[kind]}") for kind in VANILLA_KINDS}
-    out["pre_ln"] = Method(dict(PRE_LN), "Pre-LN, standard attention, GeLU")
-    out.update(control_methods())
+    vanilla, pre = study_window(settings, "vanilla"), study_window(settings, "pre_ln")
+    out = {kind: Method(dict(VANILLA, attention=kind), f"vanilla, {NAMES[kind]}", lrs=vanilla)
+           for kind in VANILLA_KINDS}
+    out["pre_ln"] = Method(dict(PRE_LN), "Pre-LN, standard attention, GeLU", lrs=pre)
+    out.update(control_methods(lrs=pre))
     return out
 
 

@@ -4,14 +4,16 @@ Pre-LN transformer (docs/method.md §12), and the iterations ratio behind the cl
     python -m nanospa.experiments longer [--preset=quick|study|full|tiny] [--factor=5] [--key=value ...]
 
 Methods: Pre-LN and vanilla E-SPA for --steps, and vanilla E-SPA for factor x --steps
-(espa_long); the full preset also runs Pre-LN for factor x --steps (pre_ln_long), the
-quick one leaves it out to fit a CPU budget (add it with --methods=...). The positional
+(espa_long); the study and full presets also run Pre-LN for factor x --steps
+(pre_ln_long), the quick one leaves it out to fit a CPU budget (add it with --methods=...).
+The study preset gives each kind three rates of its own (controls.STUDY_WINDOWS). The positional
 controls (controls.py: Pre-LN with ALiBi, RoPE, E-SPA's fixed prior, no positions) run
 for --steps in the study, tiny and full presets. Each run has its own warm-up and cosine
 schedule over its own length.
 
 The iterations ratio (analysis(), in result.json's "analysis" and the findings): for each
-checkpoint S = CHECKPOINTS x --steps of a Pre-LN run (plain and each control), the number
+checkpoint S = CHECKPOINTS x its steps of a Pre-LN run (plain, each control, and the long
+one), the number
 of steps vanilla E-SPA's longest run needs until its smoothed training loss first reaches
 that Pre-LN run's smoothed loss at S, divided by S; per seed (seed s of each at its best
 learning rate), then the mean and standard deviation over the seeds that got there. The
@@ -27,7 +29,7 @@ import sys
 import numpy as np
 
 from . import report, runner
-from .controls import POSITION_CONTROLS, control_methods, controls_line
+from .controls import POSITION_CONTROLS, control_methods, controls_line, study_window
 from .runner import PRE_LN, VANILLA, Method
 
 NAME = "longer"
@@ -37,7 +39,7 @@ PAPER = ("Figure 4(b) and the abstract: deep vanilla transformers (no skips, no 
          "(WikiText-103 and C4).")
 EXTRA = dict(factor=5)
 EXTRA_NOTES = dict(factor="the long runs take factor x steps")
-STUDY_METHODS = ",".join(["pre_ln", *POSITION_CONTROLS, "espa", "espa_long"])
+STUDY_METHODS = ",".join(["pre_ln", *POSITION_CONTROLS, "espa", "espa_long", "pre_ln_long"])
 PRESETS = dict(tiny=dict(factor=2), quick=dict(steps=300, methods="pre_ln,espa,espa_long"),
                study=dict(steps=400, factor=5, methods=STUDY_METHODS), full=dict(methods=""))
 CHECKPOINTS = (0.1, 0.25, 0.5, 1.0)   # fractions of the Pre-LN run at which the ratio is read
@@ -49,12 +51,13 @@ def methods(settings):
     if k < 1:
         raise ValueError(f"factor must be >= 1, got {k}")
     espa = dict(VANILLA, attention="espa")
+    vanilla, pre = study_window(settings, "vanilla"), study_window(settings, "pre_ln")
     return {
-        "pre_ln": Method(dict(PRE_LN), "Pre-LN, standard attention, GeLU"),
-        "espa": Method(espa, "vanilla E-SPA"),
-        "espa_long": Method(espa, f"vanilla E-SPA, {k}x steps", steps_factor=k),
-        "pre_ln_long": Method(dict(PRE_LN), f"Pre-LN, {k}x steps", steps_factor=k),
-        **control_methods(),
+        "pre_ln": Method(dict(PRE_LN), "Pre-LN, standard attention, GeLU", lrs=pre),
+        "espa": Method(espa, "vanilla E-SPA", lrs=vanilla),
+        "espa_long": Method(espa, f"vanilla E-SPA, {k}x steps", steps_factor=k, lrs=vanilla),
+        "pre_ln_long": Method(dict(PRE_LN), f"Pre-LN, {k}x steps", steps_factor=k, lrs=pre),
+        **control_methods(lrs=pre),
     }
 
 
@@ -131,14 +134,13 @@ def analysis(result):
     reached, seeds}}, "smooth_fraction"}: vanilla E-SPA's longest run (espa_long, else
     espa) against each Pre-LN run (plain and the controls) that ran."""
     against = next((l for l in ("espa_long", "espa") if _best_runs(result, l)), None)
-    steps = result["settings"]["steps"]
     out = {}
-    for label in ["pre_ln", *POSITION_CONTROLS]:
+    for label in ["pre_ln", *POSITION_CONTROLS, "pre_ln_long"]:
         ref = _best_runs(result, label)
         if not ref or against is None:
             continue
         other = _best_runs(result, against)
-        Ss = [max(1, round(c * steps)) for c in CHECKPOINTS]
+        Ss = [max(1, round(c * result["methods"][label]["steps"])) for c in CHECKPOINTS]
         per_seed = {seed: iterations_ratio(ref[seed], other[seed], Ss) for seed in sorted(ref) if seed in other}
         cols = list(zip(*per_seed.values())) if per_seed else [()] * len(Ss)
         got = [[x for x in col if x is not None] for col in cols]

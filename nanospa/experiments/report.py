@@ -118,6 +118,10 @@ def header_lines(result):
              f"{p.get('load_average_start')}, at the end {p.get('load_average_end')})",
              f"- Time taken: {duration(p['seconds'])} (wall clock)",
              f"- Code: commit {p.get('commit') or 'unknown'}"]
+    reused = [r["reused"] for m in result.get("methods", {}).values() for r in m.get("runs", ()) if r.get("reused")]
+    for origin in sorted({(o["from"], o.get("commit") or "unknown") for o in reused}):
+        n = sum((o["from"], o.get("commit") or "unknown") == origin for o in reused)
+        lines.append(f"- Reused: {n} runs of identical jobs from {origin[0]} (commit {origin[1]}), not retrained")
     return lines
 
 

@@ -39,6 +39,7 @@ import numpy as np
 
 from ..settings import check_output_dir, help_text, parse_settings, run_command, wants_help
 from ..tokenizer import check as check_tokenizer
+from . import reuse
 from .report import (STALL_MARGIN, duration, fmt, load_average, markdown, per_byte, plot, provenance, write_json,
                      write_text)
 
@@ -67,6 +68,7 @@ DEFAULTS = dict(
     grad_clip=1.0,
     eval_batches=8,
     methods="",
+    reuse="",
 )
 NOTES = dict(
     preset="tiny (CI, seconds) | quick (2-core CPU, <= ~15 min) | study (quick, 3 seeds, every method) | full (one GPU)",
@@ -90,6 +92,7 @@ NOTES = dict(
     grad_clip="global gradient-norm clip",
     eval_batches="fixed batches for the final train / val losses",
     methods="comma-separated subset of the methods to run (default: the preset's)",
+    reuse="result.json files (or their folders), comma-separated, whose runs of an identical job are taken, not retrained (reuse.py)",
 )
 PRESETS = dict(
     tiny=dict(n_layer=4, n_embd=16, n_head=2, block_size=16, batch_size=2, steps=3, lrs=(1e-3,),
@@ -250,6 +253,8 @@ def make_jobs(s, methods, configs):
 def run_jobs(jobs, workers, on_result):
     """Run jobs (longest first) and call on_result(job, result) as each finishes."""
     jobs = sorted(jobs, key=lambda j: -j["steps"])
+    if not jobs:
+        return
     if workers <= 0 or len(jobs) == 1:
         for job in jobs:
             on_result(job, train_job(job))
@@ -316,6 +321,7 @@ def run(spec, argv):
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     s = settings_for(spec, argv)
     s["_load_start"] = load_average()
+    reusable = reuse.load([p for p in s["reuse"].split(",") if p.strip()])   # a bad path: error before any work
     ds = _dataset(s["data"], s["tokenizer"])       # builds the token cache (and BPE) once, before any worker
     nanospa_data.check_length(ds, s["block_size"])
     unigram = float(nanospa_data.unigram_entropy(ds.train, ds.vocab_size))
@@ -342,23 +348,29 @@ def run(spec, argv):
     if hasattr(spec, "at_init"):                   # e.g. kernels at initialisation, before any training
         result["at_init"] = spec.at_init(s, configs, ds)
     jobs = make_jobs(s, methods, configs)
+    taken, todo = reuse.take(jobs, reusable)
     print(f"{spec.NAME}: {len(methods)} methods x their learning rates x {s['seeds']} seeds "
-          f"= {len(jobs)} runs on {s['data']} (unigram entropy {unigram:.3f}); writing {out}/")
+          f"= {len(jobs)} runs on {s['data']} (unigram entropy {unigram:.3f})"
+          + (f", {len(taken)} of them reused" if taken else "") + f"; writing {out}/")
     done = [0]
 
     def on_result(job, r):
         done[0] += 1
+        r.setdefault("key", reuse.job_key(job))
         result["methods"][job["label"]]["runs"].append(r)
         print(f"[{done[0]}/{len(jobs)}] {job['label']:<16} lr={job['lr']:<8g} seed={job['seed']} "
               f"train {fmt(r['final_train'])} val {fmt(r['final_val'])}"
-              f"{' DIVERGED' if r['diverged'] else ''} ({r['seconds']:.0f} s)", flush=True)
+              f"{' DIVERGED' if r['diverged'] else ''} "
+              + (f"(reused from {r['reused']['from']})" if r.get("reused") else f"({r['seconds']:.0f} s)"), flush=True)
         result["provenance"] = provenance(spec.NAME, argv, s, started, t0)
         write_json(out / "result.json", result)    # partial results survive an interruption
 
     if s["device"] != "cpu":
         from .. import backend
         backend.use(s["device"])                   # fail here, not in a worker
-    run_jobs(jobs, s["workers"], on_result)
+    for job, r in taken:
+        on_result(job, r)
+    run_jobs(todo, s["workers"], on_result)
     for label, m in result["methods"].items():
         m["runs"].sort(key=lambda r: (r["lr"], r["seed"]))
         m["summary"] = per_byte(summarise_method(m["runs"], m["lrs"], unigram), ds.bytes_per_token)

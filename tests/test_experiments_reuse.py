@@ -1,0 +1,54 @@
+"""--reuse (nanospa/experiments/reuse.py): a run of an identical job is taken from an earlier
+result.json instead of being trained again, with its origin recorded; a job that differs in
+any field is trained; a bad path is one error line before any work."""
+import json
+
+from nanospa.experiments import fig2, longer, reuse
+
+
+def _runs(result, label):
+    return sorted(result["methods"][label]["runs"], key=lambda r: (r["lr"], r["seed"]))
+
+
+def test_longer_takes_fig2s_identical_runs_and_ends_as_if_it_trained_them(tmp_path, capsys):
+    a, b, c = tmp_path / "fig2", tmp_path / "fresh", tmp_path / "reused"
+    common = ["--preset=tiny", "--lrs=1e-3,3e-3", "--seeds=2"]
+    assert fig2.main(common + ["--methods=espa,pre_ln", f"--out={a}"]) == 0
+    assert longer.main(common + ["--methods=pre_ln,espa,espa_long", f"--out={b}"]) == 0
+    capsys.readouterr()
+    assert longer.main(common + ["--methods=pre_ln,espa,espa_long", f"--out={c}", f"--reuse={a}"]) == 0
+    out = capsys.readouterr().out
+    assert "8 of them reused" in out and out.count("(reused from ") == 8
+    fresh, got = (json.loads((p / "result.json").read_text()) for p in (b, c))
+    source = json.loads((a / "result.json").read_text())
+    for label in ("pre_ln", "espa"):
+        for r, f, s in zip(_runs(got, label), _runs(fresh, label), _runs(source, label)):
+            assert r["reused"] == {"from": str(a / "result.json"), "commit": source["provenance"]["commit"]}
+            assert r["history"] == s["history"] == f["history"] and r["key"] == f["key"]
+    assert not any(r.get("reused") for r in got["methods"]["espa_long"]["runs"])    # not in fig2
+    for label in ("pre_ln", "espa", "espa_long"):
+        assert got["methods"][label]["summary"]["final_train"] == fresh["methods"][label]["summary"]["final_train"]
+    assert got["analysis"] == fresh["analysis"]
+    assert "- Reused: 8 runs of identical jobs from" in (c / "table.md").read_text()
+
+
+def test_a_job_that_differs_in_any_field_is_trained():
+    job = dict(label="pre_ln", config=dict(n_layer=4), steps=3, lr=1e-3, seed=0, optimizer={}, batch_size=2,
+               warmup=None, min_lr_ratio=0.1, weight_decay=0.0, grad_clip=1.0, eval_batches=1, log_every=1,
+               data="default", device="cpu", tokenizer="byte")
+    run = dict(key=reuse.job_key(job), history=[[0, 5.0]], label="pre_ln")
+    reusable = {run["key"]: (run, {"from": "x/result.json", "commit": "abc"})}
+    taken, todo = reuse.take([dict(job, label="other")], reusable)          # the label is not identity
+    assert [r["label"] for _, r in taken] == ["other"] and todo == []
+    for field, value in [("lr", 3e-3), ("seed", 1), ("steps", 4), ("config", dict(n_layer=5)),
+                         ("tokenizer", "bpe:300"), ("data", "shakespeare"), ("warmup", 0), ("device", "cuda")]:
+        taken, todo = reuse.take([dict(job, **{field: value})], reusable)
+        assert taken == [] and len(todo) == 1, field
+
+
+def test_a_bad_reuse_path_is_one_error_line_and_status_2(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert fig2.main(["--preset=tiny", "--methods=espa", f"--out={out}", f"--reuse={tmp_path / 'nothing'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: reuse: cannot read runs from") and err.count("\n") == 1
+    assert not (out / "result.json").exists()
