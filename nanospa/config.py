@@ -7,6 +7,7 @@ A bad field raises ValueError naming the field and the allowed values. Not here:
 the model (model.py) and the signal-propagation numbers it is initialised with
 (nanospa/signal, read by duck typing from these fields).
 """
+import math
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -43,6 +44,7 @@ class GPTConfig:
     norm_causal: bool = False      # batchnorm, prepbn: statistics over positions <= t only (no future leakage)
     norm_groups: int = 4           # groupnorm: groups of n_embd / norm_groups channels; 1 = LayerNorm
     prepbn_steps: int = 400        # prepbn: optimiser steps over which LN's share falls from 1 to 0
+    prepbn_eta: float = 1.0        # prepbn: RepBN's eta at init (SLAB's 1; 0: RepBN starts as plain BN)
     norm_position: str = "pre"     # pre | post
     final_norm: str = "auto"       # auto (a final norm when norm != none and residual != none) | yes | no
     pos: str = "none"              # none | learned | sinusoidal (embedding) | alibi | rope | spa_prior (attention; docs/positions.md)
@@ -124,11 +126,13 @@ class GPTConfig:
         schemes.check_config(self)          # deepnorm, ngpt, residual_attention (docs/residuals.md)
 
     def _check_norm_fields(self):
-        """norm_groups, prepbn_steps, norm_causal (docs/norms.md)."""
+        """norm_groups, prepbn_steps, prepbn_eta, norm_causal (docs/norms.md)."""
         for name, low in (("norm_groups", 1), ("prepbn_steps", 0)):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
                 raise ValueError(f"GPTConfig.{name} must be an integer >= {low}, got {value!r}")
+        if not (isinstance(self.prepbn_eta, (int, float, np.floating, np.integer)) and math.isfinite(self.prepbn_eta)):
+            raise ValueError(f"GPTConfig.prepbn_eta must be a finite number, got {self.prepbn_eta!r}")
         if self.norm == "groupnorm" and self.n_embd % self.norm_groups:
             raise ValueError(f"GPTConfig.norm_groups={self.norm_groups} does not divide n_embd={self.n_embd}")
         if not isinstance(self.norm_causal, (bool, np.bool_)):

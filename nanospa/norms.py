@@ -150,18 +150,18 @@ class BatchNorm(Module):
 
 class PRepBN(Module):
     """Progressive re-parameterised BatchNorm (SLAB): y = lambda LN(x) + (1 - lambda) RepBN(x),
-    RepBN(x) = BN(x) + eta x with a trainable scalar eta (init 1, not weight-decayed), and
+    RepBN(x) = BN(x) + eta x with a trainable scalar eta (init eta0: SLAB's 1; not weight-decayed), and
     lambda = 1 - min(s, steps) / steps after s optimiser steps (0 when steps = 0). s is the
     buffer steps_done, advanced by after_step, so a checkpoint holds the schedule. The same
     mixture is used in both modes (evaluation: BN's running statistics); at lambda = 1 the
     evaluation skips BN, at lambda = 0 both modes skip LN (either term is then exactly 0)."""
 
-    def __init__(self, dim, steps, causal=False, block_size=1, eps=LAYER_NORM_EPS, dtype="float32"):
+    def __init__(self, dim, steps, causal=False, block_size=1, eps=LAYER_NORM_EPS, dtype="float32", eta0=1.0):
         super().__init__()
         self.steps = steps
         self.ln = LayerNorm(dim, eps=eps, dtype=dtype)
         self.bn = BatchNorm(dim, causal=causal, block_size=block_size, dtype=dtype)
-        self.eta = Parameter(np.ones(1), dtype=dtype, no_decay=True)
+        self.eta = Parameter(np.full(1, float(eta0)), dtype=dtype, no_decay=True)
         self.register_buffer("steps_done", np.zeros(1, dtype=np.int64))
 
     @property
@@ -214,4 +214,4 @@ def build(cfg):
     options = dict(causal=cfg.norm_causal, block_size=cfg.block_size, dtype=cfg.dtype)
     if cfg.norm == "batchnorm":
         return BatchNorm(cfg.n_embd, **options)
-    return PRepBN(cfg.n_embd, cfg.prepbn_steps, **options)
+    return PRepBN(cfg.n_embd, cfg.prepbn_steps, eta0=cfg.prepbn_eta, **options)

@@ -145,7 +145,7 @@ def test_the_study_preset_gives_each_kind_its_window_and_lrs_overrides_it():
     assert got["pre_ln"] == got["pre_ln_rope"] == got["pre_ln_nopos"] == STUDY_WINDOWS["pre_ln"]
     s = runner.settings_for(longer, ["--preset=study"])
     ms = runner.selected_methods(longer, s)
-    assert "pre_ln_long" in ms and ms["pre_ln_long"].grid(s) == STUDY_WINDOWS["pre_ln"]
+    assert "pre_ln_long" in ms and ms["pre_ln_long"].grid(s) == STUDY_WINDOWS["pre_ln"][1:2]
     assert ms["espa_long"].grid(s) == STUDY_WINDOWS["vanilla"] and ms["espa_long"].steps_factor == 5
     for argv in (["--preset=study", "--lrs=1e-3"], ["--preset=quick"]):
         s = runner.settings_for(fig2, argv)

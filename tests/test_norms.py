@@ -56,6 +56,8 @@ def reference_bn(x, causal, eps=1e-5):
     (dict(norm_groups=0), "norm_groups must be an integer >= 1"),
     (dict(prepbn_steps=-1), "prepbn_steps must be an integer >= 0"),
     (dict(prepbn_steps=2.5), "prepbn_steps must be an integer >= 0"),
+    (dict(prepbn_eta=float("nan")), "prepbn_eta must be a finite number"),
+    (dict(prepbn_eta="1"), "prepbn_eta must be a finite number"),
     (dict(norm="layernorm", norm_causal=True), r"norm_causal=True applies to norm in \['batchnorm', 'prepbn'\]"),
     (dict(norm="batchnorm", norm_causal="yes"), "norm_causal must be True or False"),
 ])
@@ -280,6 +282,9 @@ def test_prepbn_lambda_falls_linearly_and_its_ends_are_ln_and_repbn():
     assert lams == [0.75, 0.5, 0.25, 0.0, 0.0, 0.0]
     np.testing.assert_array_equal(m(x).data, (m.bn(x) + x * m.eta).data)   # lambda = 0: RepBN
     assert PRepBN(4, steps=0).lam == 0.0
+    assert PRepBN(4, steps=0, eta0=0.0)(x).data.tolist() == PRepBN(4, steps=0).bn(x).data.tolist()   # eta 0: BN
+    model = GPT(tiny(norm="prepbn", prepbn_eta=0.25))
+    assert {float(n.eta.data[0]) for b in model.blocks for n in (b.norm1, b.norm2)} | {float(model.ln_f.eta.data[0])} == {0.25}
 
 
 # ------------------------------------------------------------------ modes

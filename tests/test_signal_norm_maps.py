@@ -93,6 +93,8 @@ def test_running_prepbn_and_groupnorm_maps():
     np.testing.assert_array_equal(init_norm_map(S, cfg(norm="prepbn", prepbn_steps=10), batch=2), C)
     np.testing.assert_allclose(init_norm_map(S, cfg(norm="prepbn", prepbn_steps=0)),
                                S * (1 + 1 / np.sqrt(1 + BATCH_NORM_EPS)) ** 2, rtol=1e-15)
+    np.testing.assert_allclose(init_norm_map(S, cfg(norm="prepbn", prepbn_steps=0, prepbn_eta=0.5)),
+                               S * (0.5 + 1 / np.sqrt(1 + BATCH_NORM_EPS)) ** 2, rtol=1e-15)
     with pytest.raises(NotImplementedError, match="prepbn_steps=0"):
         init_norm_map(S, cfg(norm="prepbn", prepbn_steps=0), batch=2)
     np.testing.assert_array_equal(init_norm_map(S, cfg(norm="batchnorm")), running_batchnorm_map(S))

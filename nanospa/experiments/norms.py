@@ -13,6 +13,7 @@ otherwise; the schemes' own choices are in docs/norms.md and docs/residuals.md):
     realformer        Pre-LN with residual attention scores (RealFormer)
     ngpt              the normalised transformer (nGPT), weights renormalised every step
     pre_rmsnorm, pre_dyt, pre_batchnorm, pre_prepbn, pre_groupnorm   Pre-LN with that norm
+    pre_prepbn_eta0   PRepBN with RepBN's eta initialised to 0 (nanospa's control, not SLAB's)
     espa              the paper's vanilla E-SPA (no skips, no norms, TAT leaky ReLU)
     espa_nr           E-SPA with normalised residuals (Figure 3), no norms
 
@@ -51,6 +52,7 @@ EXPLAINER = dict(
     pre_rmsnorm="matches LayerNorm",
     pre_batchnorm="poorly suited to transformers",
     pre_prepbn="makes BatchNorm usable",
+    pre_prepbn_eta0="makes BatchNorm usable",
     realformer="residual scores help",
     ngpt="faster convergence per step",
     pre_dyt="matches the norm it replaces",
@@ -64,19 +66,23 @@ def _methods():
     ln = dict(PRE_LN)
     return {
         "pre_ln": (Method(dict(ln), "Pre-LN, LayerNorm"), HIGH),
-        "post_ln": (Method(dict(ln, norm_position="post"), "Post-LN, LayerNorm, warm-up"), MID),
-        "post_ln_nowarmup": (Method(dict(ln, norm_position="post"), "Post-LN, LayerNorm, no warm-up", warmup=0), MID),
+        # Post-LN stalled at 1e-3 .. 1e-2 in the first (partial) run: the low window here
+        "post_ln": (Method(dict(ln, norm_position="post"), "Post-LN, LayerNorm, warm-up"), LOW),
+        "post_ln_nowarmup": (Method(dict(ln, norm_position="post"), "Post-LN, LayerNorm, no warm-up", warmup=0), LOW),
         "deepnorm": (Method(dict(ln, residual="deepnorm", norm_position="post"), "DeepNorm (Post-LN, alpha, beta)"), MID),
         "realformer": (Method(dict(ln, residual_attention=True), "Pre-LN + residual attention (RealFormer)"), HIGH),
         # nGPT: no norm layers, positions only inside attention (none here), no warm-up (as published)
         "ngpt": (Method(dict(ln, residual="ngpt", norm="none", pos="none"), "nGPT (normalised transformer), no warm-up",
                         warmup=0), HIGH),
         "pre_rmsnorm": (Method(dict(ln, norm="rmsnorm"), "Pre-LN, RMSNorm"), HIGH),
-        "pre_dyt": (Method(dict(ln, norm="dyt"), "Pre-LN, DyT"), HIGH),
+        "pre_dyt": (Method(dict(ln, norm="dyt"), "Pre-LN, DyT"), MID),   # best 3e-3 of HIGH in the first run
         # the causal forms (statistics over positions <= t): the published ones see the future
         # while training (python -m nanospa.causality), so their loss is not a language model's
         "pre_batchnorm": (Method(dict(ln, norm="batchnorm", norm_causal=True), "Pre-LN, causal BatchNorm"), MID),
-        "pre_prepbn": (Method(dict(ln, norm="prepbn", norm_causal=True), "Pre-LN, causal PRepBN (LN -> RepBN)"), HIGH),
+        # SLAB's eta = 1 passes the unnormalised stream on: it blows up at depth (docs/norms.md §3)
+        "pre_prepbn": (Method(dict(ln, norm="prepbn", norm_causal=True), "Pre-LN, causal PRepBN (LN -> RepBN)"), MID),
+        "pre_prepbn_eta0": (Method(dict(ln, norm="prepbn", norm_causal=True, prepbn_eta=0.0),
+                                   "Pre-LN, causal PRepBN, RepBN's eta from 0"), HIGH),
         "pre_groupnorm": (Method(dict(ln, norm="groupnorm"), "Pre-LN, GroupNorm"), HIGH),
         "espa": (Method(dict(VANILLA, attention="espa"), "vanilla E-SPA"), LOW),
         "espa_nr": (Method(dict(VANILLA, attention="espa", residual="normalised"), "E-SPA, normalised residuals, no norm"), MID),
@@ -120,6 +126,13 @@ def at_init(settings, configs, ds):
             entry["predicted"] = _last_layer(layer_stats(predicted_kernels(cfg, model.plan, probe)))
         except (NotImplementedError, ValueError) as e:
             entry["predicted"], entry["why"] = None, " ".join(str(e).split())
+        if cfg.norm == "prepbn":            # and at the switch's end (lambda = 0), still at init
+            end = GPTConfig(**dict(d, prepbn_steps=0))
+            model = GPT(end, seed=0)
+            with model.evaluating():
+                entry["after_switch"] = dict(
+                    measured=_last_layer(layer_stats(measured_kernels(model, probe)["hidden"])),
+                    predicted=_last_layer(layer_stats(predicted_kernels(end, model.plan, probe))))
         out[label] = entry
     return out
 
@@ -133,6 +146,10 @@ def findings(result):
             m, p = e["measured"], e["predicted"]
             lines.append(f"{label} at init, last block: measured cos {m['cos']:.3f} q {m['q']:.3f}; "
                          + (f"predicted cos {p['cos']:.3f} q {p['q']:.3f}" if p else f"predicted: no map ({e.get('why', '')})"))
+            if e.get("after_switch"):
+                a = e["after_switch"]
+                lines.append(f"{label} at init with lambda = 0 (RepBN alone), last block: measured q {a['measured']['q']:.4g}, "
+                             f"predicted q {a['predicted']['q']:.4g} (LayerNorm's at lambda = 1: {m['q']:.3f})")
     pre = report.summary(result, "pre_ln")
     for label in result["methods"]:
         s = report.summary(result, label)

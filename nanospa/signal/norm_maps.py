@@ -32,7 +32,10 @@ over seeded Gaussian columns (error O(n_samples^-1/2) per entry), exactly as a w
 with n_samples channels would.
 
 Evaluation mode at init uses the running statistics (mean 0, variance 1): y = x / sqrt(1 + eps),
-K -> K / (1 + eps), per sequence. PRepBN at init with prepbn_steps > 0 is LayerNorm
+K -> K / (1 + eps), per sequence; PRepBN at lambda = 0 in evaluation mode at init is
+RepBN(x) = x / sqrt(1 + eps) + eta x, K -> (eta + (1 + eps)^-1/2)^2 K: not a normalisation,
+so a Pre-LN residual stream through it grows geometrically with depth (docs/norms.md §3).
+PRepBN at init with prepbn_steps > 0 is LayerNorm
 (lambda = 1): Sigma -> C. GroupNorm normalises each token within G groups of m = C / G
 channels; as m -> inf every group's mean tends to 0 and its variance to the token's q, so its
 map is LayerNorm's, Sigma -> C, for any fixed G (fluctuations O(m^-1/2)). Not known here:
@@ -40,7 +43,7 @@ PRepBN mid-schedule or with prepbn_steps = 0 under batch statistics (the cross t
 E[x y^T] of RepBN = BN(x) + eta x); init_norm_map raises NotImplementedError for it.
 
 Everything is float64 NumPy; a configuration is read by duck typing (norm, norm_causal,
-prepbn_steps). Not here: the layers themselves (nanospa/norms.py).
+prepbn_steps, prepbn_eta). Not here: the layers themselves (nanospa/norms.py).
 """
 import numpy as np
 
@@ -116,9 +119,9 @@ def init_norm_map(Sigma, cfg, batch=None):
     Sigma per sequence; batch=B: training mode, Sigma the (B T, B T) kernel of the batch."""
     if cfg.norm == "groupnorm" or (cfg.norm == "prepbn" and cfg.prepbn_steps > 0):
         return normalised_kernel(Sigma)                            # GroupNorm; PRepBN at lambda = 1
-    if cfg.norm == "prepbn":                                       # lambda = 0: RepBN(x) = BN(x) + x
+    if cfg.norm == "prepbn":                                       # lambda = 0: RepBN(x) = BN(x) + eta x
         if batch is None:
-            return np.asarray(Sigma, dtype=np.float64) * (1.0 + 1.0 / np.sqrt(1.0 + BATCH_NORM_EPS)) ** 2
+            return np.asarray(Sigma, dtype=np.float64) * (cfg.prepbn_eta + 1.0 / np.sqrt(1.0 + BATCH_NORM_EPS)) ** 2
         raise NotImplementedError("PRepBN with prepbn_steps=0 under batch statistics: no kernel map "
                                   "(the cross term of BN(x) + eta x is not implemented)")
     if batch is None:
