@@ -29,7 +29,8 @@ def test_longer_takes_fig2s_identical_runs_and_ends_as_if_it_trained_them(tmp_pa
     for label in ("pre_ln", "espa", "espa_long"):
         assert got["methods"][label]["summary"]["final_train"] == fresh["methods"][label]["summary"]["final_train"]
     assert got["analysis"] == fresh["analysis"]
-    assert "- Reused: 8 runs of identical jobs from" in (c / "table.md").read_text()
+    assert "- Reused: 8 runs from " in (c / "table.md").read_text()
+    assert "; identical jobs), not retrained" in (c / "table.md").read_text()
 
 
 def test_a_job_that_differs_in_any_field_is_trained():
@@ -37,7 +38,7 @@ def test_a_job_that_differs_in_any_field_is_trained():
                warmup=None, min_lr_ratio=0.1, weight_decay=0.0, grad_clip=1.0, eval_batches=1, log_every=1,
                data="default", device="cpu", tokenizer="byte")
     run = dict(key=reuse.job_key(job), history=[[0, 5.0]], label="pre_ln")
-    reusable = {run["key"]: (run, {"from": "x/result.json", "commit": "abc"})}
+    reusable = dict(keyed={run["key"]: (run, {"from": "x/result.json", "commit": "abc"})}, legacy=[])
     taken, todo = reuse.take([dict(job, label="other")], reusable)          # the label is not identity
     assert [r["label"] for _, r in taken] == ["other"] and todo == []
     for field, value in [("lr", 3e-3), ("seed", 1), ("steps", 4), ("config", dict(n_layer=5)),
@@ -52,3 +53,36 @@ def test_a_bad_reuse_path_is_one_error_line_and_status_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: reuse: cannot read runs from") and err.count("\n") == 1
     assert not (out / "result.json").exists()
+
+
+def test_runs_written_before_keys_are_matched_field_by_field(tmp_path, capsys):
+    """A result.json without job keys (as written before --reuse existed): its runs are
+    taken where label, rate, seed, the config (with today's defaults filled in), steps and
+    the settings agree, flagged legacy; a different batch size or config is retrained."""
+    a, b = tmp_path / "old", tmp_path / "new"
+    common = ["--preset=tiny", "--lrs=1e-3,3e-3"]
+    assert fig2.main(common + ["--methods=espa,pre_ln", f"--out={a}"]) == 0
+    old = json.loads((a / "result.json").read_text())
+    for m in old["methods"].values():
+        for r in m["runs"]:
+            del r["key"]
+        m["config"].pop("prepbn_eta")                # a field added after the old result
+    (a / "result.json").write_text(json.dumps(old))
+    capsys.readouterr()
+    assert fig2.main(common + ["--methods=espa,pre_ln,uspa", f"--out={b}", f"--reuse={a}"]) == 0
+    assert "4 of them reused" in capsys.readouterr().out
+    got = json.loads((b / "result.json").read_text())
+    for label in ("espa", "pre_ln"):
+        for r, o in zip(_runs(got, label), _runs(old, label)):
+            assert r["reused"]["legacy"] is True and r["history"] == o["history"] and r["key"]
+    assert not any(r.get("reused") for r in got["methods"]["uspa"]["runs"])
+    assert "warm-up not recorded there" in (b / "table.md").read_text()
+    loaded = reuse.load([a])
+    jobs = [dict(job, batch_size=3) for job in _jobs(got)] + [dict(job, config=dict(job["config"], n_layer=5))
+                                                              for job in _jobs(got)]
+    assert reuse.take(jobs, loaded)[0] == []
+
+
+def _jobs(result):
+    """The jobs of a result's keyed runs, back from their keys."""
+    return [dict(json.loads(r["key"]), label=label) for label, m in result["methods"].items() for r in m["runs"]]

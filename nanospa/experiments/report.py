@@ -119,9 +119,11 @@ def header_lines(result):
              f"- Time taken: {duration(p['seconds'])} (wall clock)",
              f"- Code: commit {p.get('commit') or 'unknown'}"]
     reused = [r["reused"] for m in result.get("methods", {}).values() for r in m.get("runs", ()) if r.get("reused")]
-    for origin in sorted({(o["from"], o.get("commit") or "unknown") for o in reused}):
-        n = sum((o["from"], o.get("commit") or "unknown") == origin for o in reused)
-        lines.append(f"- Reused: {n} runs of identical jobs from {origin[0]} (commit {origin[1]}), not retrained")
+    origins = [(o["from"], o.get("commit") or "unknown", bool(o.get("legacy"))) for o in reused]
+    for origin in sorted(set(origins)):
+        how = ("written before job keys: matched by method, rate, seed, config and settings; warm-up not recorded there"
+               if origin[2] else "identical jobs")
+        lines.append(f"- Reused: {origins.count(origin)} runs from {origin[0]} (commit {origin[1]}; {how}), not retrained")
     return lines
 
 

@@ -2,19 +2,26 @@
 (--reuse=PATH[,PATH]), e.g. longer's 400-step Pre-LN, control and E-SPA runs from fig2's.
 
     job_key(job)            the identity of a run: every field of its job but the method's label
-    load(paths)             {key: (run, source)} from earlier results' runs that carry a key
-    take(jobs, reusable)    (runs to reuse, jobs still to train)
+    load(paths)             the runs of earlier results: keyed, and legacy (written before keys)
+    take(jobs, loaded)      (runs to reuse, jobs still to train)
 
 A run is reused only when its job is identical: the full GPTConfig, steps, learning rate,
 seed, warm-up, optimiser settings, batch, evaluation batches, logging interval, data,
 tokenizer and device. What the key cannot see is the code: a reused run records the
 result and commit it came from ("reused": {"from", "commit"}), and reuse is never
-implicit. Runs written before keys existed carry none and are never reused.
+implicit.
+
+Runs written before keys existed (legacy) are matched by method label, rate and seed, then
+checked field by field: the GPTConfig (the old one with today's defaults for fields added
+since), steps, optimiser, logging interval and the result's batch, evaluation, data,
+tokenizer and device settings. Their warm-up was not recorded, so it is the one field
+taken on trust; such runs say "legacy": true and table.md counts them apart.
 """
 import json
 from pathlib import Path
 
 SKIP = ("label",)     # one run may serve several experiments under another label
+SETTINGS = ("batch_size", "min_lr_ratio", "weight_decay", "grad_clip", "eval_batches", "data", "device", "tokenizer")
 
 
 def job_key(job):
@@ -22,32 +29,53 @@ def job_key(job):
 
 
 def load(paths):
-    """{key: (run, source)} of every keyed run in the result.json files (or folders holding
-    one) that paths names; a missing or unreadable file is a ValueError naming it."""
-    out = {}
+    """dict(keyed={key: (run, origin)}, legacy=[(label, method, run, settings, origin)]) of
+    the runs in the result.json files (or folders holding one) that paths names; a missing
+    or unreadable file is a ValueError naming it."""
+    keyed, legacy = {}, []
     for p in paths:
         path = Path(p) / "result.json" if Path(p).is_dir() else Path(p)
         try:
             result = json.loads(path.read_text(encoding="utf-8"))
-            runs = [r for m in result["methods"].values() for r in m["runs"]]
+            methods = [(label, m, list(m["runs"])) for label, m in result["methods"].items()]
+            settings = dict(result["settings"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"reuse: cannot read runs from {path} ({type(e).__name__})") from None
-        commit = (result.get("provenance") or {}).get("commit")
-        for r in runs:
-            if r.get("key"):       # a run reused there keeps pointing at where it was trained
-                origin = r.get("reused") or {"from": str(path), "commit": commit}
-                out.setdefault(r["key"], (r, origin))
-    return out
+        here = {"from": str(path), "commit": (result.get("provenance") or {}).get("commit")}
+        for label, m, runs in methods:
+            for r in runs:
+                if r.get("key"):       # a run reused there keeps pointing at where it was trained
+                    keyed.setdefault(r["key"], (r, r.get("reused") or here))
+                elif not r.get("reused"):
+                    legacy.append((label, m, r, settings, dict(here, legacy=True)))
+    return dict(keyed=keyed, legacy=legacy)
 
 
-def take(jobs, reusable):
-    """([(job, run)] reused, [job] to train): each reused run relabelled to its job's label."""
+def _same_legacy_job(job, method, run, settings):
+    from ..config import GPTConfig
+    from .runner import CURVE_POINTS
+    try:
+        config = GPTConfig(**method["config"]).to_dict()     # today's defaults for newer fields
+    except (TypeError, ValueError):
+        return False
+    return (run["lr"] == job["lr"] and run["seed"] == job["seed"] and config == job["config"]
+            and method["steps"] == job["steps"] and dict(method.get("optimizer") or {}) == job["optimizer"]
+            and max(1, method["steps"] // CURVE_POINTS) == job["log_every"]
+            and all(settings.get(k, "byte" if k == "tokenizer" else None) == job[k] for k in SETTINGS))
+
+
+def take(jobs, loaded):
+    """([(job, run)] reused, [job] to train): each reused run relabelled to its job's label
+    and carrying its job's key."""
     reused, todo = [], []
     for job in jobs:
-        hit = reusable.get(job_key(job))
+        hit = loaded["keyed"].get(job_key(job))
+        if hit is None:
+            hit = next(((r, origin) for label, m, r, s, origin in loaded["legacy"]
+                        if label == job["label"] and _same_legacy_job(job, m, r, s)), None)
         if hit is None:
             todo.append(job)
             continue
         run, origin = hit
-        reused.append((job, dict(run, label=job["label"], reused=dict(origin))))
+        reused.append((job, dict(run, label=job["label"], key=job_key(job), reused=dict(origin))))
     return reused, todo
