@@ -7,7 +7,8 @@
 
 A run is reused only when its job is identical: the full GPTConfig, steps, learning rate,
 seed, warm-up, optimiser settings, batch, evaluation batches, logging interval, data,
-tokenizer and device. What the key cannot see is the code: a reused run records the
+tokenizer and device. A GPTConfig field added after a run was written is filled in with
+its default (at which, by the project's rule, a new field changes nothing). What the key cannot see is the code: a reused run records the
 result and commit it came from ("reused": {"from", "commit"}), and reuse is never
 implicit.
 
@@ -44,11 +45,24 @@ def load(paths):
         here = {"from": str(path), "commit": (result.get("provenance") or {}).get("commit")}
         for label, m, runs in methods:
             for r in runs:
-                if r.get("key"):       # a run reused there keeps pointing at where it was trained
-                    keyed.setdefault(r["key"], (r, r.get("reused") or here))
+                key = _current_key(r["key"]) if r.get("key") else None
+                if key:                # a run reused there keeps pointing at where it was trained
+                    keyed.setdefault(key, (r, r.get("reused") or here))
                 elif not r.get("reused"):
                     legacy.append((label, m, r, settings, dict(here, legacy=True)))
     return dict(keyed=keyed, legacy=legacy)
+
+
+def _current_key(key):
+    """A stored key with today's GPTConfig defaults filled in for fields added since it was
+    written (a new field at its default changes no run); None if the config no longer loads."""
+    from ..config import GPTConfig
+    try:
+        job = json.loads(key)
+        job["config"] = GPTConfig(**job["config"]).to_dict()
+    except (TypeError, ValueError, KeyError):
+        return None
+    return job_key(job)
 
 
 def _same_legacy_job(job, method, run, settings):
