@@ -71,6 +71,13 @@ def test_markdown_has_provenance_a_row_per_method_and_the_notes():
     assert "| gone | model gone | 100 | - | - | - | - | diverged | diverged |" in md
     assert "good: budget joint, gamma_final 0.0123, eta 0.9" in md
     assert "Best learning rate at an edge of the grid" in md and "edge (0.003)" in md
+    assert "One learning rate only" not in md
+    r["methods"]["one"] = dict(r["methods"]["good"], lrs=[0.01], description="model one")
+    md = report.markdown(r)
+    assert "One learning rate only, no search (its best rate is not known): one (0.01)." in md
+    assert "one (0.01)" not in md.split("Best learning rate at an edge")[1].split("\n")[0]
+    r["methods"].pop("one")
+    md = report.markdown(r)
     assert md.endswith("## What the paper reports\n\nThe paper says so.\n\n## What nanospa measured\n\n- one finding\n")
 
 

@@ -142,7 +142,8 @@ def test_the_study_preset_gives_each_kind_its_window_and_lrs_overrides_it():
     s = runner.settings_for(fig2, ["--preset=study"])
     got = {label: m.grid(s) for label, m in fig2.methods(s).items()}
     assert got["espa"] == got["softmax"] == STUDY_WINDOWS["vanilla"]
-    assert got["pre_ln"] == got["pre_ln_rope"] == got["pre_ln_nopos"] == STUDY_WINDOWS["pre_ln"]
+    assert got["pre_ln"] == STUDY_WINDOWS["pre_ln"]
+    assert got["pre_ln_rope"] == got["pre_ln_nopos"] == STUDY_WINDOWS["control"]
     s = runner.settings_for(longer, ["--preset=study"])
     ms = runner.selected_methods(longer, s)
     assert "pre_ln_long" in ms and ms["pre_ln_long"].grid(s) == STUDY_WINDOWS["pre_ln"][1:2]

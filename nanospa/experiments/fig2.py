@@ -32,7 +32,7 @@ def methods(settings):
     out = {kind: Method(dict(VANILLA, attention=kind), f"vanilla, {NAMES[kind]}", lrs=vanilla)
            for kind in VANILLA_KINDS}
     out["pre_ln"] = Method(dict(PRE_LN), "Pre-LN, standard attention, GeLU", lrs=pre)
-    out.update(control_methods(lrs=pre))
+    out.update(control_methods(lrs=study_window(settings, "control")))
     return out
 
 

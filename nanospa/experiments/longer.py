@@ -59,7 +59,7 @@ def methods(settings):
         # the study runs it at the middle of Pre-LN's window only (its one-seed best, 1e-2):
         # 3 rates x 3 seeds x 5x steps do not fit the study's CPU budget (docs/results.md)
         "pre_ln_long": Method(dict(PRE_LN), f"Pre-LN, {k}x steps", steps_factor=k, lrs=pre[1:2]),
-        **control_methods(lrs=pre),
+        **control_methods(lrs=study_window(settings, "control")),
     }
 
 

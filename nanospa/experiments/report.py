@@ -250,6 +250,9 @@ def markdown(result):
         if edge:
             lines += ["", "Best learning rate at an edge of the grid (a wider grid could lower these "
                       "losses): " + ", ".join(edge) + "."]
+        single = [f"{label} ({m['lrs'][0]:g})" for label, m in result["methods"].items() if len(m.get("lrs") or lrs) == 1]
+        if single:
+            lines += ["", "One learning rate only, no search (its best rate is not known): " + ", ".join(single) + "."]
     lines += ["", "Final losses are means over fixed batches after training (train and validation "
               "split), averaged over seeds at the best learning rate"
               + (" (± the standard deviation over seeds)" if s["seeds"] > 1 else "") + ", in nats per token"
