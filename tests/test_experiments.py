@@ -25,7 +25,7 @@ EXPECTED_METHODS = {
     "table2": {"pre_ln", "espa+NR+LN", "espa+NR", "softmax+NR+LN"},
     "longer": {"pre_ln", "espa", "espa_long", "pre_ln_long", *POSITION_CONTROLS},
     "norms": {"pre_ln", "post_ln", "post_ln_nowarmup", "deepnorm", "realformer", "ngpt", "pre_rmsnorm", "pre_dyt",
-              "pre_batchnorm", "pre_prepbn", "pre_groupnorm", "espa", "espa_nr"},
+              "pre_batchnorm", "pre_prepbn", "pre_prepbn_eta0", "pre_groupnorm", "espa", "espa_nr"},
     "kfac": {m + o for m in ("espa", "softmax", "pre_ln") for o in ("_adamw", "_kfac_d0.01")},
 }
 
@@ -125,6 +125,43 @@ def test_pool_workers_and_module_entry_point(tmp_path):
     result = json.loads((out / "result.json").read_text())
     assert sorted(len(m["runs"]) for m in result["methods"].values()) == [2, 2]
     assert "[4/4]" in r.stdout
+
+
+def _children(pid):
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return {int(c) for c in path.read_text().split()} if path.exists() else set()
+
+
+def _alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc to see the workers")
+def test_sigterm_stops_the_workers_too_and_keeps_the_finished_runs(tmp_path):
+    """A stopped experiment leaves no worker behind (one kept a core busy for 12 minutes
+    after a SIGTERM): exit 143, one line on stderr, the workers gone."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = tmp_path / "stopped"
+    p = subprocess.Popen([sys.executable, "-m", "nanospa.experiments", "fig2", "--preset=tiny", "--workers=2",
+                          "--lrs=1e-3,2e-3", "--methods=espa,softmax", "--steps=100000", f"--out={out}"],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while len(_children(p.pid)) < 2 and time.time() < deadline:    # the workers (and a resource tracker)
+        time.sleep(0.2)
+    time.sleep(2.0)                                                 # they have started their jobs
+    workers = _children(p.pid)
+    assert len(workers) >= 2 and p.poll() is None
+    p.terminate()
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    assert err.strip().splitlines() == ["SIGTERM stopped: result.json holds the finished runs; the running ones were stopped"]
+    deadline = time.time() + 30
+    while any(_alive(w) for w in workers) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(w) for w in workers)
 
 
 @pytest.mark.parametrize("name", ["fig1", "fig2", "budget"])
