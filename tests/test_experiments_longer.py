@@ -10,6 +10,7 @@ import pytest
 from nanospa.experiments import fig2, longer, report
 from nanospa.experiments.__main__ import main
 from nanospa.experiments.controls import POSITION_CONTROLS
+from nanospa.experiments.longer import CHECKPOINTS
 from nanospa.experiments.runner import selected_methods, settings_for
 
 
@@ -104,10 +105,15 @@ def test_findings_and_rerender_carry_the_ratios(tmp_path, capsys):
     plot draws bands (seed_spread) without failing."""
     out = tmp_path / "longer"
     assert main(["longer", "--preset=tiny", "--seeds=2", f"--out={out}",
-                 "--methods=pre_ln,pre_ln_spa_prior,espa,espa_long"]) == 0
+                 "--methods=pre_ln,pre_ln_spa_prior,espa,espa_long,pre_ln_long"]) == 0
     result = json.loads((out / "result.json").read_text())
     ratios = result["analysis"]["iterations_ratio"]
-    assert set(ratios) == {"pre_ln", "pre_ln_spa_prior"} and ratios["pre_ln"]["seeds"] == 2
+    assert set(ratios) == {"pre_ln", "pre_ln_spa_prior", "pre_ln_long"} and ratios["pre_ln"]["seeds"] == 2
+    assert ratios["pre_ln_long"]["steps"] == [max(1, round(c * 2 * result["settings"]["steps"])) for c in CHECKPOINTS]
+    gap = (result["methods"]["espa_long"]["summary"]["final_train"]
+           - result["methods"]["pre_ln_long"]["summary"]["final_train"])
+    assert sum(line.startswith(f"both trained 2x as long: vanilla E-SPA minus Pre-LN final train loss {gap:+.3f}")
+               for line in result["findings"]) == 1
     assert any(line.startswith("iterations ratio, espa_long against pre_ln") for line in result["findings"])
     assert report.seed_spread(result["methods"]["pre_ln"], 1).shape == (len(result["methods"]["pre_ln"]["summary"]["curve"]),)
     assert "iterations ratio" in (out / "table.md").read_text()

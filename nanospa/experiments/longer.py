@@ -187,6 +187,11 @@ def findings(result):
         else:
             verdict = f"{'narrower' if gk < g1 else 'not narrower'} but not closed"
         lines.append(head + verdict)
+    both = report.summary(result, "pre_ln_long")
+    if both and long_ and both["best_lr"] and long_["best_lr"]:
+        g = long_["final_train"] - both["final_train"]
+        lines.append(f"both trained {k}x as long: vanilla E-SPA minus Pre-LN final train loss {g:+.3f} -> "
+                     + ("Pre-LN ahead" if g > 0 else "E-SPA level or ahead"))
     ratios = (result.get("analysis") or {}).get("iterations_ratio", {})
     lines += [ratio_line(label, r) for label, r in ratios.items() if r["seeds"]]
     line = controls_line(result)
