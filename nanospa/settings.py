@@ -32,10 +32,13 @@ Not here: what a good value of a key is beyond its type (each command checks its
 and the defaults themselves (each command owns its defaults block).
 """
 import ast
+import contextlib
 import difflib
 import os
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
 
 EXIT_DIVERGED, EXIT_BAD_INPUT = 1, 2   # 0 done
@@ -177,6 +180,26 @@ def describe(error):
         return str(error)
     return (f"unexpected {type(error).__name__}: {error} (a bug in nanospa? {DEBUG_ENV}=1 shows the "
             "traceback)")
+
+
+@contextlib.contextmanager
+def stop_on_signals(why):
+    """SIGINT / SIGTERM inside the block stop at once: a KeyboardInterrupt "SIGTERM why"
+    carrying signum, which run_command turns into one line and exit 128 + signum (the
+    experiments' worker pool uses it to stop its workers too). Main thread only."""
+    def stop(signum, frame):
+        e = KeyboardInterrupt(f"{signal.Signals(signum).name} {why}")
+        e.signum = signum
+        raise e
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_command(fn, *args, diverged=()):

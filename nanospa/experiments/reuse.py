@@ -67,14 +67,16 @@ def _current_key(key):
 
 def _same_legacy_job(job, method, run, settings):
     from ..config import GPTConfig
-    from .runner import CURVE_POINTS
+    if run["lr"] != job["lr"] or run["seed"] != job["seed"]:
+        return False
     try:
         config = GPTConfig(**method["config"]).to_dict()     # today's defaults for newer fields
     except (TypeError, ValueError):
         return False
-    return (run["lr"] == job["lr"] and run["seed"] == job["seed"] and config == job["config"]
-            and method["steps"] == job["steps"] and dict(method.get("optimizer") or {}) == job["optimizer"]
-            and max(1, method["steps"] // CURVE_POINTS) == job["log_every"]
+    its = [h[0] for h in run.get("history") or []]          # the logging interval, from the records
+    return (config == job["config"] and method["steps"] == job["steps"]
+            and dict(method.get("optimizer") or {}) == job["optimizer"]
+            and (len(its) < 2 or its[1] - its[0] == job["log_every"])
             and all(settings.get(k, "byte" if k == "tokenizer" else None) == job[k] for k in SETTINGS))
 
 

@@ -24,15 +24,12 @@ the method's own fields), e.g. --kernel_budget=independent or --residual_beta=0.
 Not here: how the outputs are written and how a stall is read (report.py: provenance,
 JSON, Markdown, plots, STALL_MARGIN, the findings' helpers); one training run (common.py).
 """
-import contextlib
 import datetime
 import json
 import math
 import multiprocessing
 import os
-import signal
 import sys
-import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, fields
@@ -40,13 +37,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..rundir import StopNow
-from ..settings import check_output_dir, help_text, parse_settings, run_command, wants_help
+from ..settings import check_output_dir, help_text, parse_settings, run_command, stop_on_signals, wants_help
 from ..tokenizer import check as check_tokenizer
 from . import reuse
 from .report import (STALL_MARGIN, duration, fmt, load_average, markdown, per_byte, plot, provenance, write_json,
                      write_text)
 
+STOPPED = "stopped: result.json holds the finished runs; the running ones were stopped"
 LOSS_DECIMALS = 5     # loss histories in result.json: float32 losses, 5 decimals suffice
 CURVE_POINTS = 1000   # at most about this many training-loss records per run
 
@@ -263,7 +260,7 @@ def run_jobs(jobs, workers, on_result):
         for job in jobs:
             on_result(job, train_job(job))
         return
-    with _pool(min(workers, len(jobs))) as pool, _stop_on_signals():
+    with _pool(min(workers, len(jobs))) as pool, stop_on_signals(STOPPED):
         pending = {pool.submit(train_job, job): job for job in jobs}
         try:
             while pending:
@@ -277,21 +274,6 @@ def run_jobs(jobs, workers, on_result):
             raise
 
 
-@contextlib.contextmanager
-def _stop_on_signals():
-    """SIGINT / SIGTERM while jobs run: stop at once (exit 128 + signum); result.json keeps
-    every finished run, the running ones are stopped with their workers."""
-    def stop(signum, frame):
-        raise StopNow(signum, "stopped: result.json holds the finished runs; the running ones were stopped")
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def best_rate(runs, lrs):
