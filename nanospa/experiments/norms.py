@@ -82,10 +82,11 @@ def _methods():
         # SLAB's eta = 1 passes the unnormalised stream on: it blows up at depth (docs/norms.md §3)
         "pre_prepbn": (Method(dict(ln, norm="prepbn", norm_causal=True), "Pre-LN, causal PRepBN (LN -> RepBN)"), MID),
         "pre_prepbn_eta0": (Method(dict(ln, norm="prepbn", norm_causal=True, prepbn_eta=0.0),
-                                   "Pre-LN, causal PRepBN, RepBN's eta from 0"), HIGH),
+                                   "Pre-LN, causal PRepBN, RepBN's eta from 0"), MID),   # best 3e-3 of HIGH
         "pre_groupnorm": (Method(dict(ln, norm="groupnorm"), "Pre-LN, GroupNorm"), HIGH),
         "espa": (Method(dict(VANILLA, attention="espa"), "vanilla E-SPA"), LOW),
-        "espa_nr": (Method(dict(VANILLA, attention="espa", residual="normalised"), "E-SPA, normalised residuals, no norm"), MID),
+        "espa_nr": (Method(dict(VANILLA, attention="espa", residual="normalised"), "E-SPA, normalised residuals, no norm"),
+                    HIGH),   # best 1e-2 of MID in the first complete run
     }
 
 
