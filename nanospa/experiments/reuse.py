@@ -8,9 +8,9 @@
 A run is reused only when its job is identical: the full GPTConfig, steps, learning rate,
 seed, warm-up, optimiser settings, batch, evaluation batches, logging interval, data,
 tokenizer and device. A GPTConfig field added after a run was written is filled in with
-its default (at which, by the project's rule, a new field changes nothing). What the key cannot see is the code: a reused run records the
-result and commit it came from ("reused": {"from", "commit"}), and reuse is never
-implicit.
+its default (at which, by the project's rule, a new field changes nothing). What the key
+cannot see is the code: a reused run records the result and commit it came from
+("reused": {"from", "commit"}), and reuse is never implicit.
 
 Runs written before keys existed (legacy) are matched by method label, rate and seed, then
 checked field by field: the GPTConfig (the old one with today's defaults for fields added
