@@ -401,7 +401,7 @@ def main(argv=None):
     if wants_help(argv):
         print(usage())
         return 0
-    threads = backend.threads()                       # train() sets its own; restored for callers
+    threads = backend.thread_setting()                # train() sets its own; restored for callers
     try:
         return run_command(train, argv, diverged=Diverged)   # Diverged: status 1, not bad input
     finally:

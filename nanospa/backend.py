@@ -11,6 +11,7 @@ run in the same process as a GPU model. CuPy is imported here and nowhere else.
     scatter_add(a, i, v)  a[i] += v with repeated indices summed (embedding backward)
     synchronize()         wait for the device (a no-op on the CPU)
     set_threads(n)        worker threads for data-parallel slices of a batch (CPU)
+    auto_slices(B, work)  slices a plain model call trains on when nobody set threads
     gpu_count(), select_gpu(i), nccl(), stream_ptr()   one process per GPU (distributed.py)
 
 All random initialisation is drawn on the host from a seeded numpy.random.Generator and
@@ -22,6 +23,7 @@ CuPy ElementwiseKernel on the GPU and a few in-place NumPy calls on the CPU. Not
 differentiation (tensor.py) or op (functions.py, shape_ops.py, fused.py); those call these.
 """
 import os
+import threading
 
 import numpy as np
 
@@ -105,25 +107,34 @@ def scatter_add(a, indices, values):
 
 
 _threads = 1
-_pool = None
+_auto = True          # no set_threads call yet: plain model calls may train on slices (auto_slices)
+_pools = {}           # worker count -> ThreadPoolExecutor
+_worker = threading.local()
+AUTO_SLICE_MIN_WORK = 1 << 16   # B T C of a call below which slicing costs more than it saves
 
 
 def threads():
-    """nanospa's worker threads (see set_threads)."""
+    """nanospa's worker threads (see set_threads); 1 until someone sets them."""
     return _threads
+
+
+def thread_setting():
+    """What set_threads was last given: None when never called (or reset), else the count.
+    Save it and hand it back to set_threads to restore a caller's state."""
+    return None if _auto else _threads
 
 
 def set_threads(n):
     """Use n worker threads for tensor.sharded_backward: slices of a batch trained at once on
     the CPU. BLAS should then be single-threaded (OPENBLAS_NUM_THREADS=1 before NumPy loads,
-    or threadpoolctl), or the two counts multiply. Returns the previous count."""
-    global _threads, _pool
-    if not isinstance(n, int) or n < 1:
+    or threadpoolctl), or the two counts multiply. Any call turns off the automatic slicing
+    of plain model calls (auto_slices); ``set_threads(None)`` turns it back on (threads 1).
+    Returns the previous setting (thread_setting)."""
+    global _threads, _auto
+    if n is not None and (not isinstance(n, int) or n < 1):
         raise ValueError(f"threads must be a positive integer, got {n!r}")
-    previous, _threads = _threads, n
-    if _pool is not None and n != previous:
-        _pool.shutdown()
-        _pool = None
+    previous = thread_setting()
+    _auto, _threads = n is None, 1 if n is None else n
     return previous
 
 
@@ -137,17 +148,41 @@ def cpu_threads(requested, batch_size):
     return min(requested, batch_size)
 
 
-def parallel_map(fn, items):
-    """[fn(x) for x in items], on the worker threads when there are several; results in
-    the order of items, exceptions re-raised here."""
-    global _pool
+def in_worker():
+    """True on one of nanospa's worker threads (their work is never sliced again)."""
+    return getattr(_worker, "active", False)
+
+
+def auto_slices(batch, work):
+    """How many slices of a batch a plain model call with targets trains on at once
+    (model.GPT.forward, tensor.sliced_call): cpu_threads(0, batch) when nobody called
+    set_threads, on the CPU, outside a worker thread, for calls of at least
+    AUTO_SLICE_MIN_WORK (``work`` = B T C), with a BLAS whose threads nanospa can hold at
+    1 meanwhile (nanospa/blas.py); else 1. Python's GIL is released inside NumPy's loops
+    and BLAS, so the slices run at once: what train.py's --threads does, without a setting."""
+    if not _auto or _device != "cpu" or batch < 2 or work < AUTO_SLICE_MIN_WORK or in_worker():
+        return 1
+    from . import blas
+    if blas.threads() is None:
+        return 1
+    return cpu_threads(0, batch)
+
+
+def _mark_worker():
+    _worker.active = True
+
+
+def parallel_map(fn, items, workers=None):
+    """[fn(x) for x in items], on ``workers`` worker threads (default threads()) when there
+    are several; results in the order of items, exceptions re-raised here."""
     items = list(items)
-    if _threads == 1 or len(items) < 2:
+    workers = _threads if workers is None else workers
+    if workers == 1 or len(items) < 2:
         return [fn(x) for x in items]
-    if _pool is None:
+    if workers not in _pools:
         from concurrent.futures import ThreadPoolExecutor
-        _pool = ThreadPoolExecutor(_threads, thread_name_prefix="nanospa")
-    return list(_pool.map(fn, items))
+        _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="nanospa", initializer=_mark_worker)
+    return list(_pools[workers].map(fn, items))
 
 
 def synchronize():

@@ -36,7 +36,7 @@ import weakref
 
 import numpy as np
 
-from . import backend
+from . import backend, blas
 
 _grad_enabled = True
 
@@ -284,6 +284,78 @@ def sharded_backward(loss_fn, *batch):
             leaf.grad = g if leaf.grad is None else leaf.grad + g
         total = value if total is None else total + value
     return Tensor(total)
+
+
+def sliced_call(fn, k, leaves, *batch):
+    """``fn(*batch) -> (out, loss)`` with a batch-mean ``loss``, run as k slices of the batch
+    at once on worker threads, BLAS held at one thread (blas.limited): backend.auto_slices's
+    plain-call parallelism (model.GPT.forward). Returns (out, loss):
+
+        loss    a Tensor of value sum_s (n_s / n) L_s whose backward back-propagates every
+                slice on the workers, upstream (n_s / n) g each, into dicts of their own,
+                and adds them in slice order into ``leaves`` (the parameters): the same
+                gradient as loss.backward() on the whole batch, up to rounding, whatever
+                the thread timing (the sum of sharded_backward).
+        out     the slices' outputs joined along axis 0, as data: back-propagating through
+                it raises (each slice's graph is freed by the loss's backward); for a loss
+                of your own, call fn without targets, or set backend.set_threads(1).
+
+    Without autograd (no_grad) both are plain values."""
+    n = len(batch[0])
+    bounds = [n * s // k for s in range(k + 1)]
+    parts = [tuple(b[bounds[s]:bounds[s + 1]] for b in batch) for s in range(k)]
+    with blas.limited(1):                 # no_grad is a module global: workers see the caller's
+        results = backend.parallel_map(lambda part: fn(*part), parts, workers=k)
+    xp = backend.xp_of(results[0][1].data)
+    out = Tensor(xp.concatenate([o.data for o, _ in results]))
+    weights = [(hi - lo) / n for lo, hi in zip(bounds, bounds[1:])]
+    losses = [loss for _, loss in results]
+    if not any(loss.requires_grad for loss in losses):
+        return out, Tensor(sum(loss.data * w for loss, w in zip(losses, weights)))
+    leaves = [p for p in leaves if p.requires_grad]
+    return (_SlicedOutput.apply(out, *leaves),
+            _SlicedLoss.apply(*leaves, losses=losses, weights=weights, workers=k))
+
+
+class _SlicedLoss(Function):
+    """sum_s w_s L_s over slices whose graphs were built on worker threads (sliced_call). Its
+    inputs are the parameters; backward runs the slices' backwards and returns their sums."""
+
+    def forward(ctx, *leaves, losses, weights, workers):
+        ctx.losses, ctx.weights, ctx.workers = losses, weights, workers
+        return sum(loss.data * w for loss, w in zip(losses, weights))
+
+    def backward(ctx, g):
+        leaves = ctx.parents
+
+        def run(s):
+            grads = {}
+            ctx.losses[s].backward(g * ctx.weights[s], leaf_grads=grads)
+            return grads
+
+        with blas.limited(1):
+            per_slice = backend.parallel_map(run, range(len(ctx.losses)), workers=ctx.workers)
+        ctx.losses = None
+        out = []
+        for p in leaves:
+            gs = [d[p] for d in per_slice if p in d]
+            total = None
+            for x in gs:                  # slice order: deterministic
+                total = x if total is None else total + x
+            out.append(total)
+        return tuple(out)
+
+
+class _SlicedOutput(Function):
+    """The joined outputs of sliced_call: a value with no way back (see sliced_call)."""
+
+    def forward(ctx, out, *leaves):
+        return out
+
+    def backward(ctx, g):
+        raise RuntimeError("backward through the outputs of a call that trained on batch slices "
+                           "(backend.auto_slices): call the model without targets for a loss of "
+                           "your own, or turn slicing off with nanospa.backend.set_threads(1)")
 
 
 def _shape_arg(args):

@@ -35,7 +35,7 @@ def test_batch_targets_are_the_next_tokens():
 
 
 def test_gemm_probe_counts_one_product_per_worker_thread():
-    threads = backend.threads()
+    threads = backend.thread_setting()
     try:
         backend.set_threads(2)
         probe = GemmProbe(16, "float32")

@@ -226,10 +226,17 @@ def train_job(job):
 
 
 def _pool(workers):
-    """Spawned, single-threaded workers: BLAS threads would fight over the few cores."""
+    """Spawned, single-threaded workers: BLAS threads (or a model's automatic batch slices)
+    would fight over the few cores."""
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_one_thread)
+
+
+def _one_thread():
+    from .. import backend
+    backend.set_threads(1)   # no backend.auto_slices in a worker: the processes use the cores
 
 
 def make_jobs(s, methods, configs):
