@@ -81,16 +81,6 @@ def _workers(n_blocks):
     return max(1, min(backend.threads(), n_blocks))
 
 
-def _groups(costs, k):
-    """range(len(costs)) split into k groups of near-equal total cost, the same split for
-    the same arguments (snake order over the costs, largest first), each in ascending order."""
-    groups = [[] for _ in range(k)]
-    for r, i in enumerate(sorted(range(len(costs)), key=lambda i: -costs[i])):
-        turn, pos = divmod(r, k)
-        groups[pos if turn % 2 == 0 else k - 1 - pos].append(i)
-    return [sorted(g) for g in groups if g]
-
-
 def _flush(p, xp):
     """Entries below sqrt(tiny) set to 0 in place (see the module docstring)."""
     p *= p >= xp.finfo(p.dtype).tiny ** 0.5
@@ -142,7 +132,8 @@ class BlockwiseAttention(Function):
                 y[..., i0:i1, :] = acc / l[..., None]
                 lse[..., i0:i1] = m + xp.log(l)
 
-        backend.parallel_map(run, _groups([a + 1 for a in range(len(rows))], _workers(len(rows))))
+        costs = [a + 1 for a in range(len(rows))]                          # row block a sees a + 1 blocks
+        backend.parallel_map(run, backend.balanced_groups(costs, _workers(len(rows))))
         ctx.save(qs, k, v, y, lse, bias)
         ctx.scale, ctx.block, ctx.bias_block = scale, n, bias_block
         return y
@@ -175,8 +166,8 @@ class BlockwiseAttention(Function):
                         dbias[i0:i1, j0:j1] += ds.sum(axis=tuple(range(ds.ndim - 2)))
             return dq
 
-        parts = backend.parallel_map(run, _groups([len(cols) - b for b in range(len(cols))],
-                                                  _workers(len(cols))))
+        costs = [len(cols) - b for b in range(len(cols))]                  # key block b, len(cols) - b rows
+        parts = backend.parallel_map(run, backend.balanced_groups(costs, _workers(len(cols))))
         dq = parts[0]
         for part in parts[1:]:                                             # in worker order:
             dq += part                                                     # no timing dependence

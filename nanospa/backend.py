@@ -185,6 +185,17 @@ def parallel_map(fn, items, workers=None):
     return list(_pools[workers].map(fn, items))
 
 
+def balanced_groups(costs, k):
+    """range(len(costs)) split into k groups of near-equal total cost, the same split for
+    the same arguments (snake order over the costs, largest first), each in ascending order:
+    how parallel_map's callers share work among k workers."""
+    groups = [[] for _ in range(k)]
+    for r, i in enumerate(sorted(range(len(costs)), key=lambda i: -costs[i])):
+        turn, pos = divmod(r, k)
+        groups[pos if turn % 2 == 0 else k - 1 - pos].append(i)
+    return [sorted(g) for g in groups if g]
+
+
 def synchronize():
     """Block until queued device work is done (for timing). A no-op on the CPU."""
     if _device == "cuda" and _cp is not None:

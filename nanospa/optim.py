@@ -103,17 +103,25 @@ class AdamW(Optimizer):
         c1 = 1.0 - self.b1 ** self.t
         c2 = 1.0 - self.b2 ** self.t
         step_size = self.lr / c1
-        for i, p in enumerate(self.params):
-            g = p.grad
-            if g is None:
-                continue
-            xp = backend.xp_of(p.data)
+        todo = [i for i, p in enumerate(self.params) if p.grad is not None]
+        for i in todo:
             if self.m[i] is None:
-                self.m[i] = xp.zeros_like(p.data)
-                self.v[i] = xp.zeros_like(p.data)
-            decay = 1.0 - self.lr * self.weight_decay if not getattr(p, "no_decay", False) else 1.0
-            backend.adamw_update(p.data, g, self.m[i], self.v[i], self.b1, self.b2, step_size,
-                                 self.eps, 1.0 / c2, decay)
+                xp = backend.xp_of(self.params[i].data)
+                self.m[i] = xp.zeros_like(self.params[i].data)
+                self.v[i] = xp.zeros_like(self.params[i].data)
+
+        def update(group):
+            for i in group:
+                p = self.params[i]
+                decay = 1.0 - self.lr * self.weight_decay if not getattr(p, "no_decay", False) else 1.0
+                backend.adamw_update(p.data, p.grad, self.m[i], self.v[i], self.b1, self.b2, step_size,
+                                     self.eps, 1.0 / c2, decay)
+
+        # Parameters are independent: with automatic slices on (backend.auto_slices), groups of
+        # them update on the worker threads at once (same result, whatever the split).
+        sizes = [int(self.params[i].data.size) for i in todo]
+        k = backend.auto_slices(len(todo), sum(sizes))
+        backend.parallel_map(update, [[todo[j] for j in g] for g in backend.balanced_groups(sizes, k)], workers=k)
 
 
 def global_grad_norm(params):

@@ -254,10 +254,11 @@ def test_the_benchmark_yardstick_sees_the_dense_bias_of_a_blockwise_model():
 def test_worker_threads_split_the_blocks_without_changing_the_result():
     """From the main thread with backend.threads() = 2 the blocks are split between two
     workers: Y, dK, dV and the bias gradient are the serial ones bit for bit, dQ (a sum of
-    two partials) to rounding, and two threaded runs agree bit for bit. _groups balances
+    two partials) to rounding, and two threaded runs agree bit for bit. backend.balanced_groups balances
     the work (query block a costs a + 1 key blocks) and covers every block once."""
     from nanospa import backend
-    from nanospa.attention import _groups, _workers
+    from nanospa.attention import _workers
+    _groups = backend.balanced_groups
     rng = np.random.default_rng(10)
     arrays = [normal(rng, 2, 2, 23, 3) for _ in range(3)] + [normal(rng, 23, 23)]
 

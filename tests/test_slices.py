@@ -174,3 +174,33 @@ def test_sliced_call_adds_slices_in_order_with_their_weights():
     np.testing.assert_allclose(loss.item(), np.mean((x * w.data) ** 2), rtol=1e-14)
     np.testing.assert_allclose(w.grad, np.mean(x * x, axis=0) * w.data, rtol=1e-14)
     np.testing.assert_allclose(out.data, x * w.data, rtol=1e-15)
+
+
+def test_adamw_updates_parameter_groups_on_workers_bit_for_bit(auto, monkeypatch):
+    """With automatic slices on, AdamW updates groups of parameters on the workers: each
+    parameter's update is the serial one exactly (they are independent)."""
+    needs_slices()
+    from nanospa import optim
+    model_auto, model_serial = (perturbed_model(tiny_config()) for _ in range(2))
+    idx, tgt = batch(4)
+    threads = []
+    real = backend.adamw_update
+
+    def spy(*a, **k):
+        threads.append(backend.in_worker())
+        return real(*a, **k)
+
+    monkeypatch.setattr(backend, "adamw_update", spy)
+    for model, setting in ((model_auto, None), (model_serial, 1)):
+        backend.set_threads(setting)
+        opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            backend.set_threads(1)                    # the same gradients for both models
+            model(idx, tgt)[1].backward()
+            backend.set_threads(setting)
+            opt.step()
+    n = len(model_auto.parameters())
+    assert all(threads[:2 * n]) and not any(threads[2 * n:])
+    for (name, p), q in zip(model_auto.named_parameters(), model_serial.parameters()):
+        assert np.array_equal(p.data, q.data), name
