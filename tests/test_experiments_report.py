@@ -113,6 +113,8 @@ def test_loss_line_reads_the_gap_to_the_unigram_entropy():
                above=method_summary(3.5), gone=method_summary(math.nan, best_lr=None))
     assert report.loss_line(r, "learnt") == \
         "learnt: final train loss 2.000, 1.000 nats below the unigram entropy: it learnt more than byte frequencies"
+    r_bpe = {**r, "data": {**r.get("data", {}), "tokenizer": "bpe:2048"}}
+    assert report.loss_line(r_bpe, "learnt").endswith("it learnt more than token frequencies")
     assert report.loss_line(r, "stalled").endswith(f"within {STALL_MARGIN} nats of the unigram entropy (+0.050 below): stalled")
     assert report.loss_line(r, "above").endswith("0.500 nats above the unigram entropy: stalled above it")
     assert report.loss_line(r, "gone") == "gone: diverged at every learning rate"

@@ -340,7 +340,8 @@ def loss_line(result, label):
         return f"{label}: {'not run' if m is None else 'diverged at every learning rate'}"
     gap = m["below_unigram"]
     if gap >= STALL_MARGIN:
-        state = f"{gap:.3f} nats below the unigram entropy: it learnt more than byte frequencies"
+        unit = "byte" if result.get("data", {}).get("tokenizer", "byte") == "byte" else "token"
+        state = f"{gap:.3f} nats below the unigram entropy: it learnt more than {unit} frequencies"
     elif gap > -STALL_MARGIN:
         state = f"within {STALL_MARGIN} nats of the unigram entropy ({gap:+.3f} below): stalled"
     else:
