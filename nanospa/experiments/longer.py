@@ -37,8 +37,9 @@ TITLE = "vanilla E-SPA trained longer vs Pre-LN"
 PAPER = ("Figure 4(b) and the abstract: deep vanilla transformers (no skips, no normalisation) "
          "with E-SPA reach the performance of standard ones after about 5 times more iterations "
          "(WikiText-103 and C4).")
-EXTRA = dict(factor=5)
-EXTRA_NOTES = dict(factor="the long runs take factor x steps")
+EXTRA = dict(factor=5, long_lrs=(0.0,))
+EXTRA_NOTES = dict(factor="the long runs take factor x steps",
+                   long_lrs="pre_ln_long's learning rates; 0 = the middle of Pre-LN's window (study) or --lrs")
 STUDY_METHODS = ",".join(["pre_ln", *POSITION_CONTROLS, "espa", "espa_long", "pre_ln_long"])
 PRESETS = dict(tiny=dict(factor=2), quick=dict(steps=300, methods="pre_ln,espa,espa_long"),
                study=dict(steps=400, factor=5, methods=STUDY_METHODS), full=dict(methods=""))
@@ -52,13 +53,18 @@ def methods(settings):
         raise ValueError(f"factor must be >= 1, got {k}")
     espa = dict(VANILLA, attention="espa")
     vanilla, pre = study_window(settings, "vanilla"), study_window(settings, "pre_ln")
+    given = tuple(settings.get("long_lrs", (0.0,)))
+    if any(lr < 0 for lr in given) or (0.0 in given and len(given) > 1):
+        raise ValueError(f"long_lrs must be positive rates, or 0 alone for the default, got {given}")
+    long_lrs = pre[1:2] if given == (0.0,) else given
     return {
         "pre_ln": Method(dict(PRE_LN), "Pre-LN, standard attention, GeLU", lrs=pre),
         "espa": Method(espa, "vanilla E-SPA", lrs=vanilla),
         "espa_long": Method(espa, f"vanilla E-SPA, {k}x steps", steps_factor=k, lrs=vanilla),
-        # the study runs it at the middle of Pre-LN's window only (its one-seed best, 1e-2):
-        # 3 rates x 3 seeds x 5x steps do not fit the study's CPU budget (docs/results.md)
-        "pre_ln_long": Method(dict(PRE_LN), f"Pre-LN, {k}x steps", steps_factor=k, lrs=pre[1:2]),
+        # by default the study runs it at the middle of Pre-LN's window only (its one-seed
+        # best, 1e-2): 3 rates x 3 seeds x 5x steps are a second hour of CPU (docs/results.md);
+        # --long_lrs=3e-3,1e-2,3e-2 --reuse=... adds the other two
+        "pre_ln_long": Method(dict(PRE_LN), f"Pre-LN, {k}x steps", steps_factor=k, lrs=long_lrs),
         **control_methods(lrs=study_window(settings, "control")),
     }
 
