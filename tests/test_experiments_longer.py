@@ -130,3 +130,15 @@ def test_study_preset_and_the_positional_controls():
         assert methods[label].config == dict(methods["pre_ln"].config, pos=pos)
     quick = settings_for(fig2, ["--out=/tmp/never-written"])
     assert list(selected_methods(fig2, quick)) == ["softmax", "value_skipinit", "uspa", "espa", "pre_ln"]
+
+
+def test_long_lrs_sets_the_long_pre_ln_grid_and_defaults_to_the_window_middle():
+    study = settings_for(longer, ["--preset=study", "--out=/tmp/never-written"])
+    assert selected_methods(longer, study)["pre_ln_long"].lrs == (1e-2,)      # the middle of (3e-3, 1e-2, 3e-2)
+    grid = settings_for(longer, ["--preset=study", "--long_lrs=3e-3,1e-2,3e-2", "--out=/tmp/never-written"])
+    methods = selected_methods(longer, grid)
+    assert methods["pre_ln_long"].lrs == (3e-3, 1e-2, 3e-2)
+    assert methods["pre_ln"].lrs == (3e-3, 1e-2, 3e-2)                        # the others unchanged
+    for bad in ("--long_lrs=-1e-3", "--long_lrs=0,1e-3"):
+        with pytest.raises(ValueError, match="long_lrs"):
+            selected_methods(longer, settings_for(longer, ["--preset=study", bad, "--out=/tmp/never-written"]))
