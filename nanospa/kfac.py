@@ -34,7 +34,7 @@ import numpy as np
 
 from . import backend
 from .nn import Linear
-from .tensor import Function, no_grad
+from .tensor import Function, no_grad, slice_bounds
 
 FISHER_MODES = ("sampled", "empirical", "exact")
 DAMPING_MODES = ("factored", "exact")
@@ -232,7 +232,7 @@ class KFAC:
         # and a resumed run draws what the uninterrupted one drew.
         u = np.random.default_rng([self.seed, self.t]).random(int(np.prod(idx.shape)))
         k = max(1, min(m, backend.threads()))
-        bounds = [m * s // k for s in range(k + 1)]
+        bounds = slice_bounds(m, k)
 
         def run(s):
             lo, hi = bounds[s], bounds[s + 1]

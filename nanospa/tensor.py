@@ -249,6 +249,12 @@ class Tensor:
     T = property(lambda self: S.Transpose.apply(self, axes=None))
 
 
+def slice_bounds(n, k):
+    """Where k slices of n batch entries start and end: [0, ..., n], sizes differing by at
+    most one (sharded_backward, sliced_call, K-FAC's curvature pass)."""
+    return [n * s // k for s in range(k + 1)]
+
+
 def sharded_backward(loss_fn, *batch):
     """Back-propagate the batch-mean loss ``loss_fn(*batch)`` in backend.threads() slices of
     the batch (axis 0 of every array in ``batch``), each on a worker thread
@@ -268,7 +274,7 @@ def sharded_backward(loss_fn, *batch):
         loss = loss_fn(*batch)
         loss.backward()
         return Tensor(loss.data)
-    bounds = [n * s // k for s in range(k + 1)]
+    bounds = slice_bounds(n, k)
 
     def run(s):
         lo, hi = bounds[s], bounds[s + 1]
@@ -302,7 +308,7 @@ def sliced_call(fn, k, leaves, *batch):
 
     Without autograd (no_grad) both are plain values."""
     n = len(batch[0])
-    bounds = [n * s // k for s in range(k + 1)]
+    bounds = slice_bounds(n, k)
     parts = [tuple(b[bounds[s]:bounds[s + 1]] for b in batch) for s in range(k)]
     with blas.limited(1):                 # no_grad is a module global: workers see the caller's
         results = backend.parallel_map(lambda part: fn(*part), parts, workers=k)
