@@ -3,7 +3,7 @@
 What lives here: byte-level tokens (`encode`, `decode`, `token_dtype`, VOCAB_SIZE);
 `load_dataset`, which turns a dataset spec into a `Dataset` of memory-mapped train / val
 (/ test) token arrays, building its cache entry once, in byte tokens or (tokenizer="bpe:N")
-in the subword tokens of nanospa/tokenizer.py; `check_tokenizer`; `check_length`, `get_batch`
+in the subword tokens of nanospa/run/tokenizer.py; `check_tokenizer`; `check_length`, `get_batch`
 (random windows), `unigram_entropy` (the loss of the best context-free predictor;
 docs/method.md section 10 compares training runs with it);
 DataError; and `python data.py`, which prepares a dataset and prints a one-line summary.
@@ -11,14 +11,14 @@ Arrays are host NumPy arrays; nothing here knows about models or devices.
 
 What does not live here: where the text comes from. The dataset specs (default, PATH,
 shakespeare, wikitext2, wikitext103), the embedded default corpus, downloads,
-fingerprints and the cache folder (env NANOSPA_CACHE) are nanospa/corpus.py.
+fingerprints and the cache folder (env NANOSPA_CACHE) are nanospa/run/corpus.py.
 
 Tokenisation is byte level by default (vocabulary 256): encode = UTF-8 bytes, decode =
 `bytes.decode("utf-8", errors="replace")`. The token file of a dataset is therefore its
 UTF-8 text itself, stored as uint8 (a vocabulary above 256 would use uint16; see
 `token_dtype`). With tokenizer="bpe:N" a byte-level BPE is trained on the training split
 of those bytes and every split is encoded with it, cached in the entry's bpe-N/ folder
-(nanospa/tokenizer.py, docs/tokenizer.md); Dataset.encode / decode then use it, and
+(nanospa/run/tokenizer.py, docs/tokenizer.md); Dataset.encode / decode then use it, and
 Dataset.bytes_per_token holds each split's UTF-8 bytes per token (1 for byte tokens), so
 that a loss in nats per token can also be given per byte (Dataset.per_byte).
 
@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nanospa import corpus
-from nanospa import tokenizer as subword
-from nanospa.corpus import DataError
-from nanospa.settings import parse_settings, run_command
+from nanospa.run import corpus
+from nanospa.run import tokenizer as subword
+from nanospa.run.corpus import DataError
+from nanospa.run.settings import parse_settings, run_command
 
 VOCAB_SIZE = 256                       # byte-level tokens
 FORMAT_VERSION = 1                     # bump when the cache entry's layout changes

@@ -16,6 +16,6 @@ setup(
         "plot": ["matplotlib"],
         "test": ["pytest"],
         "mpi": ["mpi4py>=4.1", "mpich"],   # data parallelism over processes; mpich's wheel brings mpiexec
-        "bpe": ["tokenizers"],      # --tokenizer=bpe:N: Hugging Face's byte-level BPE (nanospa/tokenizer.py)
+        "bpe": ["tokenizers"],      # --tokenizer=bpe:N: Hugging Face's byte-level BPE (nanospa/run/tokenizer.py)
     },
 )

@@ -14,7 +14,7 @@ Files in out_dir:
              per token and as NAME_per_byte (data.Dataset.per_byte). iter 0: the model at init
              (train_loss there is the eval estimate; no step was taken).
   ckpt.npz   the latest checkpoint, written atomically and only from a finite state
-             (nanospa/checkpoint.py); run.lock while a run lasts (nanospa/rundir.py).
+             (nanospa/run/checkpoint.py); run.lock while a run lasts (nanospa/run/rundir.py).
 A scratch run refuses an out_dir holding ckpt.npz or log.jsonl unless --overwrite=True, and
 writes ckpt.npz at iter 0 before its first step, so every run that started can be resumed.
 
@@ -29,9 +29,9 @@ data or environment (unwritable path, full disk, out of memory: one error: line,
 checkpoint intact), 130 / 143 after SIGINT / SIGTERM, which save the current state first (a
 second signal stops at once). NANOSPA_DEBUG=1: a failure's traceback instead of its line.
 
-Not here: the --key=value parser and the exit-status convention (nanospa/settings.py), the
-checkpoint file's format and its checks (nanospa/checkpoint.py), the lock and the log
-(nanospa/rundir.py), the experiments' compact training runs (nanospa/experiments).
+Not here: the --key=value parser and the exit-status convention (nanospa/run/settings.py), the
+checkpoint file's format and its checks (nanospa/run/checkpoint.py), the lock and the log
+(nanospa/run/rundir.py), the experiments' compact training runs (nanospa/experiments).
 """
 import os
 
@@ -54,19 +54,19 @@ from tqdm import tqdm
 
 from data import VOCAB_SIZE, check_length, check_tokenizer, get_batch, load_dataset, unigram_entropy
 from nanospa import backend
-from nanospa.checkpoint import (NotFiniteError, check_same_data, check_same_model, data_identity, load_checkpoint,
+from nanospa.run.checkpoint import (NotFiniteError, check_same_data, check_same_model, data_identity, load_checkpoint,
                                 restore, save_checkpoint, training_state)
 from nanospa.config import GPTConfig
 from nanospa.measure import layer_stats, measured_kernels, show
 from nanospa.model import GPT
 from nanospa.optim import clip_grad_norm, cosine_lr
-from nanospa.optimizers import OPTIMIZER_DEFAULTS, check_optimizer, curvature, make_optimizer
-from nanospa.rundir import Interrupts, RunFiles, RunLock, check_run_dir, heal_log, held_files
-from nanospa.settings import (EXIT_SIGNAL_BASE, SettingsError, help_text, parse_settings, run_command,
+from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, check_optimizer, curvature, make_optimizer
+from nanospa.run.rundir import Interrupts, RunFiles, RunLock, check_run_dir, heal_log, held_files
+from nanospa.run.settings import (EXIT_SIGNAL_BASE, SettingsError, help_text, parse_settings, run_command,
                               source_notes, wants_help)
 from nanospa.signal.table import predicted_kernels  # averaged over the probe's own sequences
 from nanospa.tensor import no_grad, sharded_backward
-from nanospa import distributed
+from nanospa.run import distributed
 
 # ----------------------------------------------------------------------------- defaults
 # Each key is a --key=value setting; the comment beside it is its --help line. Every
@@ -131,7 +131,7 @@ class Diverged(RuntimeError):
 
 def parse_args(argv, defaults):
     """--key=value overrides on top of `defaults` by nanospa's one settings parser
-    (nanospa/settings.py): typed like the default, --preset=NAME first, a bare --flag for a
+    (nanospa/run/settings.py): typed like the default, --preset=NAME first, a bare --flag for a
     bool key; SettingsError names a bad one."""
     s = parse_settings(argv, defaults, PRESETS)
     del s["_explicit"]                                # not a setting: checkpoints store the rest
@@ -307,7 +307,7 @@ def run(argv, s, stop, world):
     if s["eval_only"]:
         return 0
 
-    # -- files: the checkpoint of iter 0, then the log, appended to (see nanospa/rundir.py)
+    # -- files: the checkpoint of iter 0, then the log, appended to (see nanospa/run/rundir.py)
     def save(n, loss):
         """The checkpoint of the state after n steps; only a finite one is written."""
         try:

@@ -158,11 +158,11 @@ def auto_slices(batch, work):
     (model.GPT.forward, tensor.sliced_call): cpu_threads(0, batch) when nobody called
     set_threads, on the CPU, outside a worker thread, for calls of at least
     AUTO_SLICE_MIN_WORK (``work`` = B T C), with a BLAS whose threads nanospa can hold at
-    1 meanwhile (nanospa/blas.py); else 1. Python's GIL is released inside NumPy's loops
+    1 meanwhile (nanospa/run/blas.py); else 1. Python's GIL is released inside NumPy's loops
     and BLAS, so the slices run at once: what train.py's --threads does, without a setting."""
     if not _auto or _device != "cpu" or batch < 2 or work < AUTO_SLICE_MIN_WORK or in_worker():
         return 1
-    from . import blas
+    from .run import blas
     if blas.threads() is None:
         return 1
     return cpu_threads(0, batch)

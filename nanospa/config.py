@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from . import schemes
+from .beyond import schemes
 from .signal import BUDGETS, POSITIONS, shaped_activation_names, split_activation
 from .signal.kernels import DEFAULT_RHO_FINAL
 
@@ -21,7 +21,7 @@ BASE_ACTIVATIONS = ("relu", "gelu", "gelu_exact", "sigmoid", "tanh", "leaky_relu
                     "elu", "swish", "linear")
 RESIDUALS = ("none", "standard", "normalised", "deepnorm", "ngpt")   # the last two: docs/residuals.md
 NORMS = ("none", "layernorm", "rmsnorm", "dyt", "batchnorm", "prepbn", "groupnorm")
-BATCH_NORMS = ("batchnorm", "prepbn")  # statistics over the batch and positions (nanospa/norms.py)
+BATCH_NORMS = ("batchnorm", "prepbn")  # statistics over the batch and positions (nanospa/beyond/norms.py)
 NORM_POSITIONS = ("pre", "post")
 DTYPES = ("float32", "float64")
 MIN_SPA_BLOCK = 2     # U-SPA / E-SPA: a kernel over one position has no correlation to schedule
@@ -61,7 +61,7 @@ class GPTConfig:
     zero_query: bool = False       # softmax attention: W^Q = 0 at init (uniform attention)
     skipinit_per_head: bool = False  # Value-SkipInit: alpha, beta per head instead of per layer
     bias: bool = False             # bias vectors in linear layers
-    attention_impl: str = "auto"   # auto (dense at short T, else blockwise: nanospa/attention.py) | dense | blockwise
+    attention_impl: str = "auto"   # auto (dense at short T, else blockwise: nanospa/beyond/blockwise.py) | dense | blockwise
     attention_block: int = 0       # blockwise attention's query/key block size; 0 = chosen by T
     residual_attention: bool = False  # RealFormer: pre-softmax scores carried to the next layer (dense only)
 

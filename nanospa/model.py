@@ -21,7 +21,7 @@ Attention (per head h; B_l, D_l fixed by nanospa.signal; dense or blockwise, see
     value_skipinit   A_h = alpha I + beta P_h        (alpha = 1, beta = 0 trainable)
     uspa / espa      A_h = diag(D_l) softmax(Q_h K_h^T / sqrt(D) + B_l + causal mask)
 
-Positions in the logits (pos; nanospa/positions.py, docs/positions.md): alibi adds -m_h (i - j)
+Positions in the logits (pos; nanospa/beyond/positions.py, docs/positions.md): alibi adds -m_h (i - j)
 to head h's, rope rotates Q_h and K_h by position, spa_prior adds E-SPA's B_l without D_l.
 
 Initialisation, each in the constructor of the module it sets (method §2.4; [follow-up]:
@@ -46,13 +46,10 @@ import math
 
 import numpy as np
 
-from . import attention
+from .beyond import blockwise as attention
 from . import backend
 from . import fused
-from . import ngpt
-from . import norms
-from . import schemes
-from . import positions
+from .beyond import ngpt, norms, positions, schemes
 from . import signal
 from .signal.attn_bias import bias_block, layer_parts
 from .functions import Shaped
@@ -70,7 +67,7 @@ def make_norm(cfg):
         return RMSNorm(cfg.n_embd, dtype=cfg.dtype)
     if cfg.norm == "dyt":
         return DyT(cfg.n_embd, alpha=signal.DYT_ALPHA, dtype=cfg.dtype)
-    return norms.build(cfg)  # batchnorm | prepbn | groupnorm (nanospa/norms.py), else None
+    return norms.build(cfg)  # batchnorm | prepbn | groupnorm (nanospa/beyond/norms.py), else None
 
 
 def weight(matrix, dtype):

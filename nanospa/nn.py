@@ -8,7 +8,7 @@ Buffers (``register_buffer``) are non-trainable arrays that travel with the stat
 numpy.random.Generator handed in, then moved to the current device by backend.asarray.
 
 A Module is in training mode unless ``eval()`` (or ``with module.evaluating():``) says
-otherwise; only layers whose statistics come from the batch read the flag (nanospa/norms.py).
+otherwise; only layers whose statistics come from the batch read the flag (nanospa/beyond/norms.py).
 
 Here: Parameter, Module, orthogonal (the Haar-random matrix of the SPA initialisation),
 Linear, Embedding, LayerNorm, RMSNorm, DyT. Not here: the batch-statistics norms and
@@ -165,7 +165,7 @@ class Linear(Module):
         rng = rng if rng is not None else np.random.default_rng(DEFAULT_SEED)
         self.weight = Parameter(rng.standard_normal((n_in, n_out)) / np.sqrt(n_in), dtype=dtype)
         self.bias = Parameter(np.zeros(n_out), dtype=dtype, no_decay=True) if bias else None
-        self.capture = None  # set only by a K-FAC optimiser (nanospa.kfac): sees x and dL/dy
+        self.capture = None  # set only by a K-FAC optimiser (nanospa.beyond.kfac): sees x and dL/dy
 
     def forward(self, x):
         y = x @ self.weight  # (..., in) @ (in, out) -> (..., out)

@@ -154,4 +154,4 @@ def cosine_lr(it, max_lr, warmup_iters, decay_iters, min_lr):
         return min_lr
     ratio = (it - warmup_iters) / max(1, decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (max_lr - min_lr)
-from .kfac import KFAC  # noqa: E402,F401  (kfac.py imports nothing from optim: no cycle)
+from .beyond.kfac import KFAC  # noqa: E402,F401  (kfac.py imports nothing from optim: no cycle)

@@ -36,7 +36,8 @@ import weakref
 
 import numpy as np
 
-from . import backend, blas
+from . import backend
+from .run import blas
 
 _grad_enabled = True
 

@@ -1,6 +1,6 @@
 """The training loop of train.py in miniature, for tests/test_distributed.py to launch under
 `mpiexec -n N` (or alone): a tiny float64 GPT trained with the engine directly (GPT, AdamW,
-gradient clipping, sharded_backward) through nanospa.distributed.World, exactly as train.py
+gradient clipping, sharded_backward) through nanospa.run.distributed.World, exactly as train.py
 is to use it:
 
     world.check_batch(B)                       before any collective
@@ -27,10 +27,10 @@ import numpy as np
 
 from data import get_batch
 from nanospa import GPT, GPTConfig, backend
-from nanospa.distributed import World
-from nanospa.distributed import world as get_world
+from nanospa.run.distributed import World
+from nanospa.run.distributed import world as get_world
 from nanospa.optim import AdamW, clip_grad_norm
-from nanospa.settings import fail
+from nanospa.run.settings import fail
 from nanospa.tensor import no_grad, sharded_backward
 
 CONFIG = dict(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8, dtype="float64")

@@ -1,4 +1,4 @@
-"""Tests for nanospa/attention.py: the blockwise causal attention against central differences
+"""Tests for nanospa/beyond/blockwise.py: the blockwise causal attention against central differences
 (full Jacobian, float64, block sizes that do not divide T) and against the dense reference
 (fused.softmax on the full scores), alone and inside whole models of every attention
 variant (losses and every gradient to 1e-10 in float64); its O(B H T D) saved state; the
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from nanospa import GPT, fused
-from nanospa.attention import (AUTO_BLOCK, AUTO_DENSE_MAX_T, BlockwiseAttention, block_size,
+from nanospa.beyond.blockwise import (AUTO_BLOCK, AUTO_DENSE_MAX_T, BlockwiseAttention, block_size,
                                causal_attention, implementation)
 from nanospa.gradcheck import check_directions, check_jacobian, tensor64
 from nanospa.signal.attn_bias import bias_block, bias_parts
@@ -241,7 +241,7 @@ def test_blockwise_model_keeps_O_T_bias_state_and_its_state_dict_round_trips():
 def test_the_benchmark_yardstick_sees_the_dense_bias_of_a_blockwise_model():
     """bench_measure hands PyTorch a blockwise model with the dense tril(B_l) it no longer
     stores, generated per key when asked: the dense model's state dict, entry for entry."""
-    from nanospa.bench_measure import _YardstickView
+    from nanospa.bench.measure import _YardstickView
     cfg = tiny_config(attention="uspa", block_size=12)
     blockwise = GPT(tiny_config(**{**cfg.to_dict(), "attention_impl": "blockwise"}), seed=0)
     dense_state = GPT(cfg, seed=0).state_dict()
@@ -257,7 +257,7 @@ def test_worker_threads_split_the_blocks_without_changing_the_result():
     two partials) to rounding, and two threaded runs agree bit for bit. backend.balanced_groups balances
     the work (query block a costs a + 1 key blocks) and covers every block once."""
     from nanospa import backend
-    from nanospa.attention import _workers
+    from nanospa.beyond.blockwise import _workers
     _groups = backend.balanced_groups
     rng = np.random.default_rng(10)
     arrays = [normal(rng, 2, 2, 23, 3) for _ in range(3)] + [normal(rng, 23, 23)]

@@ -1,4 +1,4 @@
-"""python -m nanospa.bench (nanospa/bench.py): it runs once on a tiny configuration and
+"""python -m nanospa.bench (nanospa/bench/command.py): it runs once on a tiny configuration and
 reports what it should (no time is asserted: the benchmark is not a test); its settings
 are nanospa's --key=value, bad ones give one error: line and exit status 2.
 
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from nanospa import GPTConfig, backend
-from nanospa.bench import DEFAULTS, MODEL_KEYS, main, parse_args
-from nanospa.bench_measure import CONFIGS, model_flops
-from nanospa.settings import SettingsError
+from nanospa.bench.command import DEFAULTS, MODEL_KEYS, main, parse_args
+from nanospa.bench.measure import CONFIGS, model_flops
+from nanospa.run.settings import SettingsError
 
 ROOT = Path(__file__).resolve().parents[1]
 

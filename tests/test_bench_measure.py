@@ -1,10 +1,10 @@
-"""nanospa/bench_measure.py: the FLOP formula by hand, the benchmarked configurations and
+"""nanospa/bench/measure.py: the FLOP formula by hand, the benchmarked configurations and
 their overrides, the token batch, the GEMM probe's count, the alternating timed rounds
 (with stand-in steps: no time is asserted), and one real nanospa step."""
 import numpy as np
 
 from nanospa import GPT, GPTConfig, backend
-from nanospa.bench_measure import (ARCH, CONFIGS, GemmProbe, NanospaStep, make_batch, make_config, model_flops,
+from nanospa.bench.measure import (ARCH, CONFIGS, GemmProbe, NanospaStep, make_batch, make_config, model_flops,
                                    time_steps)
 
 

@@ -1,4 +1,4 @@
-"""nanospa/bench_memory.py: resident-set fields from /proc, the probe process's JSON line,
+"""nanospa/bench/memory.py: resident-set fields from /proc, the probe process's JSON line,
 and a real CPU probe of a tiny configuration in a fresh process (Linux only: the figures
 come from /proc/self/status)."""
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nanospa import bench_memory
+from nanospa.bench import memory as bench_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")

@@ -1,6 +1,6 @@
-"""nanospa/bench_report.py: what the machine record holds and the printed table of a report
+"""nanospa/bench/report.py: what the machine record holds and the printed table of a report
 (built here by hand, so no benchmark runs)."""
-from nanospa.bench_report import OPENBLAS_VARS, THREAD_VARS, format_report, machine_info
+from nanospa.bench.report import OPENBLAS_VARS, THREAD_VARS, format_report, machine_info
 
 
 def test_machine_info_names_the_command_cpu_and_libraries():

@@ -1,4 +1,4 @@
-"""nanospa/bench_torch.py, the PyTorch yardstick of the benchmark: for the same weights it
+"""nanospa/bench/yardstick.py, the PyTorch yardstick of the benchmark: for the same weights it
 computes nanospa's loss and gradients (float64), with the manual attention and with
 scaled_dot_product_attention. Skipped without torch (never a dependency)."""
 import numpy as np
@@ -18,7 +18,7 @@ YARDSTICK_CONFIGS = [
 @pytest.mark.parametrize("kw", YARDSTICK_CONFIGS, ids=lambda kw: kw["attention"])
 def test_torch_yardstick_gives_nanospa_loss_and_gradients(kw):
     torch = pytest.importorskip("torch")
-    from nanospa.bench_torch import TorchGPT
+    from nanospa.bench.yardstick import TorchGPT
     model = perturbed_model(tiny_config(**kw))
     rng = np.random.default_rng(0)
     idx = rng.integers(0, 13, (3, 8))
@@ -38,7 +38,7 @@ def test_torch_yardstick_gives_nanospa_loss_and_gradients(kw):
 
 def test_torch_yardstick_sdpa_variant_gives_the_same_loss():
     torch = pytest.importorskip("torch")
-    from nanospa.bench_torch import TorchGPT
+    from nanospa.bench.yardstick import TorchGPT
     model = perturbed_model(tiny_config())
     idx = np.random.default_rng(1).integers(0, 13, (2, 8))
     loss = model(idx, idx)[1].item()

@@ -1,4 +1,4 @@
-"""nanospa/causality.py: the future leakage dL_t / de_t' (t' > t) is exactly zero for every
+"""nanospa/experiments/causality.py: the future leakage dL_t / de_t' (t' > t) is exactly zero for every
 per-token norm in both modes and for causal BatchNorm / PRepBN, clearly not zero for the
 non-causal ones in training mode, and zero for them in evaluation mode (running statistics);
 the measurement leaves the model as it found it."""
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from nanospa import GPT, GPTConfig
-from nanospa.causality import future_leakage, leakage_table, main
+from nanospa.experiments.causality import future_leakage, leakage_table, main
 
 pytestmark = pytest.mark.filterwarnings("ignore:norm=.* with norm_causal=False")
 

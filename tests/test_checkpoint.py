@@ -1,4 +1,4 @@
-"""nanospa/checkpoint.py: the .npz layout (no pickles), atomic writes, loading with one-line
+"""nanospa/run/checkpoint.py: the .npz layout (no pickles), atomic writes, loading with one-line
 errors for missing, unreadable and incomplete files, the model check on resume, and the
 training state that makes a resume exact. train.py's use of it (a resumed run equals the
 uninterrupted one, Ctrl-C) is tested in tests/test_train.py."""
@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nanospa import GPT, AdamW, GPTConfig, checkpoint
-from nanospa.checkpoint import (CheckpointError, NotFiniteError, check_same_data, check_same_model, data_identity,
+from nanospa import GPT, AdamW, GPTConfig
+from nanospa.run import checkpoint
+from nanospa.run.checkpoint import (CheckpointError, NotFiniteError, check_same_data, check_same_model, data_identity,
                                 load_checkpoint, restore, save_checkpoint, training_state)
 
 SETTINGS = dict(n_layer=2, learning_rate=1e-3, data="default")

@@ -1,4 +1,4 @@
-"""Tests for nanospa/corpus.py: the default corpus, paths, Shakespeare, WikiText, downloads,
+"""Tests for nanospa/run/corpus.py: the default corpus, paths, Shakespeare, WikiText, downloads,
 fingerprints and the cache folder.
 
 Sources are read through data.load_dataset, the way every caller reads them. No test
@@ -23,7 +23,7 @@ import pytest
 import data
 from conftest import one_line, shared_file, write
 from data import DataError, load_dataset
-from nanospa import corpus
+from nanospa.run import corpus
 
 
 # every test: no network, and the default cache is a fresh temporary folder

@@ -17,7 +17,7 @@ import pytest
 import data
 from conftest import one_line, write
 from data import DataError, load_dataset
-from nanospa import corpus
+from nanospa.run import corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""nanospa/distributed.py: data parallelism over MPI processes (and NCCL on GPUs).
+"""nanospa/run/distributed.py: data parallelism over MPI processes (and NCCL on GPUs).
 
 The MPI tests launch real `mpiexec -n 2` (and -n 1) jobs of tests/mpi_worker.py, a tiny
 float64 GPT trained as train.py trains, and skip cleanly when mpi4py or mpiexec is
@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nanospa import GPT, GPTConfig, Tensor, backend, distributed
-from nanospa.distributed import DistributedError, World, buckets, launched_size
+from nanospa import GPT, GPTConfig, Tensor, backend
+from nanospa.run import distributed
+from nanospa.run.distributed import DistributedError, World, buckets, launched_size
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "mpi_worker.py"
@@ -120,7 +121,7 @@ def test_launcher_detection_from_the_environment():
 
 
 def test_without_a_launcher_mpi4py_is_not_imported():
-    code = ("import sys; from nanospa import distributed as d; w = d.world(); "
+    code = ("import sys; from nanospa.run import distributed as d; w = d.world(); "
             "print(w.size, 'mpi4py' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True)
     assert out.stdout.split() == ["1", "False"], out.stderr
@@ -254,7 +255,7 @@ def test_nccl_on_one_gpu_trains_as_the_cpu(tmp_path):
 # ----------------------------------------------------------------------------- the benchmark
 
 def test_cost_model_is_compute_over_n_plus_ring_all_reduce():
-    from nanospa.distributed_bench import cost_model
+    from nanospa.bench.ranks import cost_model
     summary = {"1x1": dict(ranks=1, threads=1, step_s=2.1, compute_s=2.0, bus_bandwidth=0.0, grad_bytes=4e8),
                "4x1": dict(ranks=4, threads=1, step_s=1.3, compute_s=0.6, wait_s=0.05, allreduce_s=0.5,
                            bus_bandwidth=1e9, grad_bytes=4e8)}
@@ -266,7 +267,7 @@ def test_cost_model_is_compute_over_n_plus_ring_all_reduce():
 
 @needs_mpi
 def test_benchmark_measures_ranks_and_threads_side_by_side():
-    cmd = [sys.executable, "-m", "nanospa.distributed_bench", "--config=tiny", "--steps=2", "--rounds=1",
+    cmd = [sys.executable, "-m", "nanospa.bench.ranks", "--config=tiny", "--steps=2", "--rounds=1",
            "--pure_reps=2", "--json"]
     out = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=2 * FAULT_BOUND_S)
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""nanospa/kfac.py: K-FAC's factors against explicit sums over a batch, its direction against
+"""nanospa/beyond/kfac.py: K-FAC's factors against explicit sums over a batch, its direction against
 the exact Fisher of one Linear built by brute force in float64 (where the Kronecker
 factorisation is exact, and where it is not), damping, the inverse refresh, KL clipping and
 momentum, the checkpointed state and an exact resume, threads, CuPy, and that the AdamW path
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from conftest import DEVICES, tiny_config
 
-from nanospa import GPT, AdamW, Tensor, backend, kfac
+from nanospa import GPT, AdamW, Tensor, backend
+from nanospa.beyond import kfac
 from nanospa.fused import cross_entropy
 from nanospa.nn import Linear, Module
 from nanospa.optim import KFAC, clip_grad_norm

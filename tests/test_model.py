@@ -241,7 +241,7 @@ def test_logit_bias_is_cached_per_length_and_follows_a_new_B():
 def test_attention_implementation_follows_the_config():
     """auto: the dense reference up to attention.AUTO_DENSE_MAX_T positions, blockwise above
     (a SPA block then keeps B_l's O(T) parts and no (T, T) buffer); dense and blockwise as set."""
-    from nanospa.attention import AUTO_DENSE_MAX_T
+    from nanospa.beyond.blockwise import AUTO_DENSE_MAX_T
     short, long_ = (GPT(tiny(attention="espa", block_size=T)) for T in (AUTO_DENSE_MAX_T, AUTO_DENSE_MAX_T + 1))
     assert short.blocks[0].attn.impl == "dense" and short.blocks[0].attn.B.shape == (AUTO_DENSE_MAX_T,) * 2
     assert long_.blocks[0].attn.impl == "blockwise" and not hasattr(long_.blocks[0].attn, "B")

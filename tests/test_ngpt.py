@@ -1,4 +1,4 @@
-"""nGPT (residual="ngpt", nanospa/ngpt.py, docs/residuals.md §3): the combinations GPTConfig
+"""nGPT (residual="ngpt", nanospa/beyond/ngpt.py, docs/residuals.md §3): the combinations GPTConfig
 refuses, the published initial values (init/scale trick), the forward pass against a NumPy
 transcription of the paper's equations, float64 gradient checks, the unit norms after a step
 and after_step(), and an exact resume of a training run."""
@@ -11,7 +11,7 @@ import pytest
 import train
 from nanospa import GPT, AdamW, GPTConfig
 from nanospa.gradcheck import check_directions
-from nanospa.ngpt import renormalise, unit
+from nanospa.beyond.ngpt import renormalise, unit
 from nanospa.tensor import Tensor
 
 from test_model import perturb  # the shared random move off the initialisation

@@ -1,4 +1,4 @@
-"""nanospa/norms.py and the train / eval mode (nn.Module.train): BatchNorm (plain and causal),
+"""nanospa/beyond/norms.py and the train / eval mode (nn.Module.train): BatchNorm (plain and causal),
 PRepBN and GroupNorm against NumPy references, float64 gradient checks of each op alone
 (random upstream gradient) and of whole models in pre and post position with a residual,
 running statistics (momentum, one update per step, deterministic under threads, in the
@@ -14,7 +14,7 @@ from nanospa import GPT, GPTConfig, backend
 from nanospa.experiments.common import evaluate
 from nanospa.gradcheck import check_directions, check_jacobian, tensor64
 from nanospa.nn import LayerNorm
-from nanospa.norms import BN_MOMENTUM, BatchNorm, BatchNormOp, GroupNorm, PRepBN, batch_stats
+from nanospa.beyond.norms import BN_MOMENTUM, BatchNorm, BatchNormOp, GroupNorm, PRepBN, batch_stats
 from nanospa.optim import AdamW
 from nanospa.tensor import Tensor, sharded_backward
 

@@ -1,5 +1,5 @@
-"""Tests for the positions that act in attention (docs/positions.md): nanospa/positions.py
-(the RoPE op, ALiBi and fixed-bias blocks), nanospa/signal/positions.py (slopes, angles,
+"""Tests for the positions that act in attention (docs/positions.md): nanospa/beyond/positions.py
+(the RoPE op, ALiBi and fixed-bias blocks), nanospa/signal/beyond/positions.py (slopes, angles,
 the SPA prior's model) and their use in model.py and attention.py: float64 gradient checks
 of the op and of models with every attention, residual and norm variant, the dense and
 blockwise paths against each other, the SPA prior's B_l against E-SPA's own, and the
@@ -11,12 +11,12 @@ import pytest
 
 from nanospa import GPT, GPTConfig, config, signal
 from nanospa.gradcheck import check_directions, check_jacobian, tensor64
-from nanospa.positions import Rope, fixed_bias, rope, rope_tables
+from nanospa.beyond.positions import Rope, fixed_bias, rope, rope_tables
 from nanospa.signal import kernels
 from nanospa.signal.attn_bias import bias_block, bias_parts, layer_bias, realise
 from nanospa.signal.inputs import input_kernel, token_variance
 from nanospa.signal.maps import attention_map, softmax_attention_map
-from nanospa.signal.positions import (alibi_bias, alibi_slopes, logit_bias, rope_angles, rope_correlation,
+from nanospa.signal.beyond.positions import (alibi_bias, alibi_slopes, logit_bias, rope_angles, rope_correlation,
                                       rope_frequencies, spa_prior_config)
 from nanospa.signal.predict import effective_attention, predict_kernels
 from nanospa.tensor import Tensor

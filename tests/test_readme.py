@@ -196,7 +196,7 @@ def expand(cmd):
 
 def parse_only(words):
     """The command's own settings parser on the line's settings (no run); raises on a bad one."""
-    from nanospa.settings import SettingsError
+    from nanospa.run.settings import SettingsError
     if words[:2] == ["python", "train.py"]:
         import train
         s = train.parse_args(words[2:], train.DEFAULTS)
@@ -204,7 +204,7 @@ def parse_only(words):
         return
     module, rest = words[2], words[3:]
     if module == "nanospa.bench":
-        from nanospa import bench
+        from nanospa.bench import command as bench
         bench.parse_args(rest)
     elif module == "nanospa.experiments":
         import importlib
@@ -219,6 +219,8 @@ def parse_only(words):
         values = [w for w in rest[1:] if "=" in w]
         if rest[0] == "fig1":
             spec.settings([v for v in values if v.split("=")[0] in ("--preset", "--data")])
+        elif rest[0] == "causality":
+            spec.settings(values)
         else:
             runner.settings_for(spec, values)
     else:

@@ -1,4 +1,4 @@
-"""nanospa/rundir.py: the out_dir checks, the one-run lock (flock, and the pid fallback
+"""nanospa/run/rundir.py: the out_dir checks, the one-run lock (flock, and the pid fallback
 without fcntl), the log's healing on resume and its failed writes. train.py's use of them
 (a second run refused, SIGTERM, full disks, kills at every write) is tested in
 tests/test_train_faults.py."""
@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from nanospa import rundir
-from nanospa.rundir import Log, RunDirError, RunLock, check_run_dir, heal_log, held_files
-from nanospa.settings import SettingsError
+from nanospa.run import rundir
+from nanospa.run.rundir import Log, RunDirError, RunLock, check_run_dir, heal_log, held_files
+from nanospa.run.settings import SettingsError
 
 
 def records(*iters, partial=b""):
@@ -91,7 +91,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over_with_a_note(tmp_path):
 
 def test_a_lock_held_by_another_process_is_refused(tmp_path):
     """A real second process holds the lock; this one is refused and names it."""
-    code = ("import sys, time; from nanospa.rundir import RunLock; RunLock(sys.argv[1]).acquire(); "
+    code = ("import sys, time; from nanospa.run.rundir import RunLock; RunLock(sys.argv[1]).acquire(); "
             "print('held', flush=True); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,7 +1,7 @@
 """DeepNorm (residual="deepnorm") and RealFormer (residual_attention=True): the combination
 rules GPTConfig enforces, DeepNorm's constants, initial gains and block equation, RealFormer's
 carried scores (zero in layer 1, content only with SPA biases, through Value-SkipInit, dense
-only) and float64 gradient checks of both through whole models (nanospa/schemes.py,
+only) and float64 gradient checks of both through whole models (nanospa/beyond/schemes.py,
 docs/residuals.md). nGPT: tests/test_ngpt.py; the wide-limit predictions:
 tests/test_signal_residuals.py."""
 import math
@@ -11,7 +11,7 @@ import pytest
 
 from nanospa import GPT, GPTConfig, fused
 from nanospa.gradcheck import check_directions
-from nanospa.signal.residuals import deepnorm_alpha, deepnorm_beta
+from nanospa.signal.beyond.residuals import deepnorm_alpha, deepnorm_beta
 from nanospa.tensor import Tensor, no_grad
 
 from test_model import perturb  # the shared random move off the initialisation

@@ -1,4 +1,4 @@
-"""nanospa/settings.py, the one --key=value parser of every command: typed conversion,
+"""nanospa/run/settings.py, the one --key=value parser of every command: typed conversion,
 tuples, bare flags, presets, unknown keys with the closest suggestion, the --help screen,
 help notes read from a defaults block, the one-line error convention (run_command, describe,
 the NANOSPA_DEBUG switch) and the output-path checks. The commands'
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from nanospa.settings import (EXIT_BAD_INPUT, SettingsError, check_output_dir, check_output_file, convert,
+from nanospa.run.settings import (EXIT_BAD_INPUT, SettingsError, check_output_dir, check_output_file, convert,
                               describe, fail, help_text, parse_settings, run_command, source_notes, wants_help)
 
 

@@ -1,5 +1,5 @@
 """The automatic batch slices of a plain model call (backend.auto_slices, tensor.sliced_call,
-model.GPT.forward) and the BLAS thread control they rely on (nanospa/blas.py).
+model.GPT.forward) and the BLAS thread control they rely on (nanospa/run/blas.py).
 
 A plain ``model(idx, targets); loss.backward()`` with nobody having called set_threads trains
 on slices of the batch at once on the CPU's cores. It must give the whole batch's loss and
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import perturbed_model, tiny_config
-from nanospa import backend, blas, model as model_module, no_grad
+from nanospa import backend, model as model_module, no_grad
+from nanospa.run import blas
 from nanospa.tensor import sliced_call
 
 
@@ -28,7 +29,7 @@ def auto(monkeypatch):
 
 def needs_slices():
     if backend.auto_slices(4, 1) == 1:
-        pytest.skip("needs 2 cores and an OpenBLAS nanospa can hold at one thread (nanospa/blas.py)")
+        pytest.skip("needs 2 cores and an OpenBLAS nanospa can hold at one thread (nanospa/run/blas.py)")
 
 
 def batch(B, seed=7, V=13, T=8):

@@ -1,4 +1,4 @@
-"""Tests for --tokenizer (nanospa/tokenizer.py, data.load_dataset(tokenizer=...), train.py and
+"""Tests for --tokenizer (nanospa/run/tokenizer.py, data.load_dataset(tokenizer=...), train.py and
 the experiments runner): the spec and its one-line errors before any work, the byte-level
 BPE trained on the training split only, cached beside the byte tokens and reused, exact
 decoding, and losses per byte. Tests that train a BPE skip without Hugging Face
@@ -10,7 +10,7 @@ import pytest
 
 import data
 import train
-from nanospa import tokenizer as subword
+from nanospa.run import tokenizer as subword
 from nanospa.experiments.__main__ import main as experiments
 
 from conftest import shared_file
@@ -168,7 +168,7 @@ def test_train_with_bpe_logs_per_byte_samples_text_and_keeps_its_tokenizer(text_
             assert r["val_loss_per_byte"] == pytest.approx(r["val_loss"] / ds.bytes_per_token["val"])
             assert r["eval_train_loss_per_byte"] == pytest.approx(r["eval_train_loss"] / ds.bytes_per_token["train"])
     assert "nats/byte" in printed and printed.split("sample:\n", 1)[1].startswith("The")
-    from nanospa.checkpoint import load_checkpoint
+    from nanospa.run.checkpoint import load_checkpoint
     ckpt = load_checkpoint(str(out / "ckpt.npz"))
     assert ckpt["config"]["vocab_size"] == ds.vocab_size and ckpt["state"]["data"]["tokenizer"] == "bpe:300"
     assert train.main(common + ["--init_from=resume", "--tokenizer=byte", "--max_iters=6"]) == 2

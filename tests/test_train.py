@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 import train
-from nanospa import backend, checkpoint
-from nanospa.checkpoint import load_checkpoint
+from nanospa import backend
+from nanospa.run import checkpoint
+from nanospa.run.checkpoint import load_checkpoint
 from nanospa.config import GPTConfig
-from nanospa.settings import SettingsError
+from nanospa.run.settings import SettingsError
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the model attention layer kernel signal deep network without shortcuts token "
@@ -177,7 +178,7 @@ def test_resume_without_or_with_a_corrupted_checkpoint(tmp_path, text_file, caps
 
 def test_resume_from_an_incomplete_checkpoint_gives_one_line(tmp_path, text_file, capsys):
     """A readable .npz without the batch generator's state: one line and status 2 (a
-    KeyError traceback before nanospa/checkpoint.py checked the entries)."""
+    KeyError traceback before nanospa/run/checkpoint.py checked the entries)."""
     assert run(tmp_path, text_file, "--max_iters=2") == 0
     path = tmp_path / "out" / "ckpt.npz"
     with np.load(path, allow_pickle=False) as z:

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 import train
-from nanospa import checkpoint, rundir
-from nanospa.checkpoint import load_checkpoint
+from nanospa.run import checkpoint, rundir
+from nanospa.run.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the model attention layer kernel signal deep network token sequence learns".split()

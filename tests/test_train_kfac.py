@@ -1,12 +1,12 @@
 """train.py --optimizer=kfac: settings, a run that trains, exact resume, and the factors
-averaged over MPI ranks (nanospa/optimizers.py wires nanospa.optim.KFAC into the loop)."""
+averaged over MPI ranks (nanospa/beyond/optimizers.py wires nanospa.optim.KFAC into the loop)."""
 import numpy as np
 import pytest
 
 import train
 from nanospa import GPT, GPTConfig
 from nanospa.optim import KFAC, AdamW
-from nanospa.optimizers import OPTIMIZER_DEFAULTS, make_optimizer
+from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, make_optimizer
 
 from test_distributed import RTOL, log_losses, needs_mpi, run_train
 from test_train import read_log, run, text_file  # noqa: F401 (fixture)

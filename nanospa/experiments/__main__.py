@@ -10,6 +10,7 @@ the paper (docs/method.md §12), and the kernel-budget study.
     budget   the kernel-budget comparison (nanospa/experiments/budget.py)
     kfac     K-FAC against AdamW on vanilla E-SPA, standard attention and Pre-LN
     norms    every residual and normalisation scheme at depth, beside vanilla E-SPA
+    causality  how much a causal LM's loss at t sees tokens after t, per norm (docs/norms.md)
 
 Each writes result.json, table.md and plot.png to --out (default out/NAME). Presets:
 --preset=quick (default; a 2-core CPU, about 15 minutes or less), --preset=full (one GPU),
@@ -21,9 +22,9 @@ import difflib
 import importlib
 import sys
 
-from ..settings import fail
+from ..run.settings import fail
 
-COMMANDS = ("fig1", "fig2", "table1", "fig3", "table2", "longer", "budget", "kfac", "norms")
+COMMANDS = ("fig1", "fig2", "table1", "fig3", "table2", "longer", "budget", "kfac", "norms", "causality")
 
 
 def main(argv=None):

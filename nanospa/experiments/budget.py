@@ -25,7 +25,7 @@ import numpy as np
 
 from . import report, runner
 from .runner import PRE_LN, Method
-from ..settings import run_command
+from ..run.settings import run_command
 from ..measure import measure_config, measured_kernels, token_batch
 from ..model import GPT
 from ..signal import kernel_stats, make_plan, normalised_kernel, predict_kernels

@@ -17,7 +17,7 @@ import numpy as np
 from .. import backend
 from ..model import GPT
 from ..optim import clip_grad_norm, cosine_lr
-from ..optimizers import OPTIMIZER_DEFAULTS, curvature, make_optimizer
+from ..beyond.optimizers import OPTIMIZER_DEFAULTS, curvature, make_optimizer
 from ..tensor import no_grad
 
 EVAL_SEED = 12345         # the fixed evaluation batches: the same for every model and seed
@@ -54,7 +54,7 @@ def train_run(cfg, train_tokens, val_tokens, *, steps, lr, batch_size=8, seed=0,
     diverged: True when a loss or gradient norm became non-finite (training stops there).
     seconds, cpu_seconds: wall-clock and process CPU time of the training steps (the CPU time
     of a single-threaded worker does not grow when other work shares the machine).
-    optimizer: optimiser settings (nanospa.optimizers.OPTIMIZER_DEFAULTS' keys; default AdamW).
+    optimizer: optimiser settings (nanospa.beyond.optimizers.OPTIMIZER_DEFAULTS' keys; default AdamW).
     """
     model = GPT(cfg, seed=seed)
     settings = {**OPTIMIZER_DEFAULTS, **(optimizer or {}), "learning_rate": lr, "beta1": BETAS[0],

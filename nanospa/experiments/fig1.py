@@ -26,7 +26,7 @@ import numpy as np
 
 from . import report, runner
 from ..measure import measure_config, measured_model_kernels, token_batch
-from ..settings import check_output_dir, help_text, parse_settings, run_command, wants_help
+from ..run.settings import check_output_dir, help_text, parse_settings, run_command, wants_help
 from ..signal import make_plan, normalised_kernel
 from ..signal.table import attention_only_kernels, check_depths, predicted_kernels, summary
 

@@ -14,7 +14,7 @@ time, from each method's median CPU seconds per step: each worker is single-thre
 its CPU time does not depend on what else shares the machine). plot.png: loss against
 steps and against CPU seconds.
 
-Not here: the optimiser (nanospa/kfac.py), the runner (runner.py), the per-step cost on the
+Not here: the optimiser (nanospa/beyond/kfac.py), the runner (runner.py), the per-step cost on the
 ref configuration (python -m nanospa.bench --optimizer=kfac, docs/performance.md).
 """
 import math

@@ -77,7 +77,7 @@ def _methods():
         "pre_rmsnorm": (Method(dict(ln, norm="rmsnorm"), "Pre-LN, RMSNorm"), HIGH),
         "pre_dyt": (Method(dict(ln, norm="dyt"), "Pre-LN, DyT"), MID),   # best 3e-3 of HIGH in the first run
         # the causal forms (statistics over positions <= t): the published ones see the future
-        # while training (python -m nanospa.causality), so their loss is not a language model's
+        # while training (python -m nanospa.experiments causality), so their loss is not a language model's
         "pre_batchnorm": (Method(dict(ln, norm="batchnorm", norm_causal=True), "Pre-LN, causal BatchNorm"), MID),
         # SLAB's eta = 1 passes the unnormalised stream on: it blows up at depth (docs/norms.md §3)
         "pre_prepbn": (Method(dict(ln, norm="prepbn", norm_causal=True), "Pre-LN, causal PRepBN (LN -> RepBN)"), MID),

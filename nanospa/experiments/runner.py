@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..settings import check_output_dir, help_text, parse_settings, run_command, stop_on_signals, wants_help
-from ..tokenizer import check as check_tokenizer
+from ..run.settings import check_output_dir, help_text, parse_settings, run_command, stop_on_signals, wants_help
+from ..run.tokenizer import check as check_tokenizer
 from . import reuse
 from .report import (STALL_MARGIN, duration, fmt, load_average, markdown, per_byte, plot, provenance, write_json,
                      write_text)
@@ -125,7 +125,7 @@ class Method:
     """One compared model: GPTConfig fields on top of the base (depth, width, T, dtype),
     a description for the table, a multiple of the run length, optionally its own
     learning-rate grid (default: the shared --lrs) and optimiser settings (the keys of
-    nanospa.optimizers.OPTIMIZER_DEFAULTS, e.g. optimizer="kfac"; default AdamW)."""
+    nanospa.beyond.optimizers.OPTIMIZER_DEFAULTS, e.g. optimizer="kfac"; default AdamW)."""
     config: dict
     description: str
     steps_factor: int = 1

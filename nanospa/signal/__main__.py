@@ -69,7 +69,7 @@ def show(value, nested=False):
 
 def run(argv):
     from nanospa.config import GPTConfig
-    from nanospa.settings import check_output_file, help_text, parse_settings, wants_help
+    from nanospa.run.settings import check_output_file, help_text, parse_settings, wants_help
     cfg_defaults = {f.name: getattr(GPTConfig(), f.name) for f in fields(GPTConfig)}
     defaults = {**cfg_defaults, **SETTINGS}
     if wants_help(argv):
@@ -129,8 +129,8 @@ def run(argv):
 
 def main(argv=None):
     """-> exit status: 0 done, 2 bad settings, data or output path (one error: line; see
-    nanospa/settings.py run_command, and NANOSPA_DEBUG=1 for a traceback)."""
-    from nanospa.settings import run_command
+    nanospa/run/settings.py run_command, and NANOSPA_DEBUG=1 for a traceback)."""
+    from nanospa.run.settings import run_command
     return run_command(run, sys.argv[1:] if argv is None else list(argv))
 
 

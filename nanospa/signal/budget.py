@@ -49,7 +49,7 @@ import numpy as np
 from .act_transform import activation_transform, shaped_activation_names
 from .depth_targets import chain_c0
 from .kernels import DEFAULT_GAMMA_FINAL, SPA_KINDS, spa_schedule
-from .positions import spa_prior_config
+from .beyond.positions import spa_prior_config
 from .walks import JOINT_SOLVE_T, extend_overrides, network_stats, pair_walk, qpreserve_walk_T, walk
 
 BUDGETS = ("independent", "joint", "qpreserve", "mlp_aware", "joint_qpreserve")

@@ -20,9 +20,9 @@ import numpy as np
 
 from .act_transform import activation_transform
 from .kernels import flush, normalised_kernel, uniform_causal_attention
-from .norm_maps import init_norm_map
+from .beyond.norm_maps import init_norm_map
 from .qc_maps import LocalMaps
-from .residuals import NGPT_ALPHA_INIT, deepnorm_alpha, deepnorm_beta, ngpt_value
+from .beyond.residuals import NGPT_ALPHA_INIT, deepnorm_alpha, deepnorm_beta, ngpt_value
 
 DYT_ALPHA = 0.5             # DyT's initial alpha: DyT(x) = tanh(alpha x) at init (the model uses it)
 C_RANGE_TOL = 1e-12         # C^-1 accepts c this far outside [C(-1), 1] (rounding)

@@ -39,8 +39,8 @@ from .budget import make_plan
 from .inputs import input_kernel
 from .kernels import kernel_stats, spa_kernel, uniform_causal_attention, value_skipinit_attention
 from .maps import block_maps
-from .norm_maps import batch_attention
-from .positions import logit_bias, rope_frequencies
+from .beyond.norm_maps import batch_attention
+from .beyond.positions import logit_bias, rope_frequencies
 
 SUBLAYERS = ("attn_branch", "attn", "mlp_branch", "mlp")
 

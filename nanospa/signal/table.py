@@ -15,7 +15,7 @@ from .budget import make_plan
 from .inputs import input_kernel
 from .kernels import kernel_stats, spa_kernel, uniform_causal_attention
 from .maps import attention_map
-from .positions import logit_bias
+from .beyond.positions import logit_bias
 from .predict import predict_kernels
 
 

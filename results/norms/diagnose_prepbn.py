@@ -20,7 +20,7 @@ from nanospa.experiments.common import get_batch
 from nanospa.experiments.runner import PRE_LN
 from nanospa.model import GPT
 from nanospa.optim import clip_grad_norm, cosine_lr
-from nanospa.optimizers import OPTIMIZER_DEFAULTS, make_optimizer
+from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, make_optimizer
 from nanospa.tensor import Tensor, no_grad
 
 PREPBN = dict(norm="prepbn", norm_causal=True, prepbn_steps=64)

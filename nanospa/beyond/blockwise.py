@@ -45,9 +45,9 @@ at short T and for trace()), where the bias comes from (model.py, nanospa.signal
 """
 import threading
 
-from . import backend
-from .fused import causal_mask
-from .tensor import Function
+from .. import backend
+from ..fused import causal_mask
+from ..tensor import Function
 
 AUTO_BLOCK = 256        # block 0: min(T, AUTO_BLOCK) rows and columns per block
 AUTO_DENSE_MAX_T = 256  # attention_impl "auto": the dense reference up to this block_size

@@ -43,11 +43,11 @@ PRepBN mid-schedule or with prepbn_steps = 0 under batch statistics (the cross t
 E[x y^T] of RepBN = BN(x) + eta x); init_norm_map raises NotImplementedError for it.
 
 Everything is float64 NumPy; a configuration is read by duck typing (norm, norm_causal,
-prepbn_steps, prepbn_eta). Not here: the layers themselves (nanospa/norms.py).
+prepbn_steps, prepbn_eta). Not here: the layers themselves (nanospa/beyond/norms.py).
 """
 import numpy as np
 
-from .kernels import normalised_kernel
+from ..kernels import normalised_kernel
 
 BATCH_NORM_EPS = 1e-5        # added to BatchNorm's variance (PyTorch's default); the model uses it
 LOG_U_STEP = 0.05            # trapezoidal step in log u for batchnorm_map's integral

@@ -31,7 +31,7 @@ newer than the checkpoint. heal_log finds both on resume and truncates the file 
 last record the checkpoint covers, saying which file and line it cut. A damaged record
 before the last one is not guessed at: RunDirError names the line.
 
-Not here: the checkpoint file (nanospa/checkpoint.py); when to log and save (train.py).
+Not here: the checkpoint file (nanospa/run/checkpoint.py); when to log and save (train.py).
 """
 import datetime
 import json

@@ -25,12 +25,12 @@ import math
 
 import numpy as np
 
-from . import backend
-from .fused import rms_norm
-from .nn import Embedding as TokenEmbedding
-from .nn import Linear, Module, Parameter
-from .signal.residuals import ngpt_scale, ngpt_value
-from .tensor import Tensor
+from .. import backend
+from ..fused import rms_norm
+from ..nn import Embedding as TokenEmbedding
+from ..nn import Linear, Module, Parameter
+from ..signal.beyond.residuals import ngpt_scale, ngpt_value
+from ..tensor import Tensor
 
 
 def unit(x):

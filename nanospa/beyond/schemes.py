@@ -9,15 +9,15 @@ RealFormer's carried attention scores.
 
     residual="deepnorm"         x_{l+1} = N(alpha x_l + G_l(x_l)), alpha = (2N)^(1/4)  (Post-LN)
     residual_attention=True     softmax(S_l + B_l + mask): the content scores carried, B_l fresh
-    residual="ngpt"             nanospa/ngpt.py (its own block, embedding and head)
+    residual="ngpt"             nanospa/beyond/ngpt.py (its own block, embedding and head)
 
 Not here: nGPT's modules (ngpt.py), the constants (signal/residuals.py), the wide-limit
 maps (signal/maps.py), the block itself (model.py).
 """
 import math
 
-from .signal import split_activation
-from .signal.residuals import deepnorm_alpha, deepnorm_beta
+from ..signal import split_activation
+from ..signal.beyond.residuals import deepnorm_alpha, deepnorm_beta
 
 DEEPNORM_NORMS = ("layernorm", "rmsnorm")
 ADDITIVE_POSITIONS = ("learned", "sinusoidal")   # nGPT: a sum of two unit vectors leaves the sphere

@@ -16,14 +16,14 @@ position t by the angle t theta_k (RoFormer's interleaved pairs), so that the lo
 (i, j) depends on the positions only through j - i. Everything is float64 NumPy; the
 configuration is read by duck typing (spa_prior_config needs a dataclass, GPTConfig).
 Not here: learned and sinusoidal positions, which are added to the embedding (inputs.py),
-and the model's ops (nanospa/positions.py).
+and the model's ops (nanospa/beyond/positions.py).
 """
 import dataclasses
 import math
 
 import numpy as np
 
-from .attn_bias import layer_bias
+from ..attn_bias import layer_bias
 
 ROPE_BASE = 10000.0       # RoPE's wavelength base (Su et al. 2021)
 ALIBI_BASE_EXPONENT = 8.0  # ALiBi's geometric slopes 2^(-8 h / H) (Press et al. 2022)

@@ -30,11 +30,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import backend
-from .config import GPTConfig
-from .optim import AdamW
-from .signal.attn_bias import bias_block
-from .tensor import sharded_backward
+from .. import backend
+from ..config import GPTConfig
+from ..optim import AdamW
+from ..signal.attn_bias import bias_block
+from ..tensor import sharded_backward
 
 # name -> (GPTConfig fields, batch size). "ref" is the reference configuration of the README.
 CONFIGS = {
@@ -159,8 +159,8 @@ class KfacStep(NanospaStep):
     name = "nanospa_kfac"
 
     def __init__(self, cfg, idx, targets, settings):
-        from .model import GPT
-        from .optimizers import OPTIMIZER_DEFAULTS, make_optimizer
+        from ..model import GPT
+        from ..beyond.optimizers import OPTIMIZER_DEFAULTS, make_optimizer
         super().__init__(GPT(cfg, seed=0), idx, targets)
         s = {**OPTIMIZER_DEFAULTS, **settings, "optimizer": "kfac", "learning_rate": OPTIM["lr"],
              "beta1": OPTIM["betas"][0], "beta2": OPTIM["betas"][1], "weight_decay": OPTIM["weight_decay"]}
@@ -184,7 +184,7 @@ class TorchStep:
     name = "pytorch"
 
     def __init__(self, torch, model, idx, targets, device, sdpa=False):
-        from .bench_torch import TorchGPT
+        from .yardstick import TorchGPT
         self.torch, self.device = torch, device
         self.model = TorchGPT(_YardstickView(model), device=device, sdpa=sdpa)
         self.opt = torch.optim.AdamW(self.model.param_groups(model, OPTIM["weight_decay"]),

@@ -1,4 +1,4 @@
-"""python -m nanospa.distributed_bench [--key=value ...]: ranks against threads, side by side.
+"""python -m nanospa.bench.ranks [--key=value ...]: ranks against threads, side by side.
 
 Runs the same training step (forward, backward, all-reduce, AdamW) of one configuration
 (bench_measure.CONFIGS, default "ref": vocab 256, T 256, 12 layers, width 256, batch 8,
@@ -32,13 +32,13 @@ import time
 
 import numpy as np
 
-from . import backend
-from .bench_measure import CONFIGS, OPTIM, make_batch, make_config
-from .distributed import world as get_world
-from .model import GPT
-from .optim import AdamW
-from .settings import SettingsError, fail, help_text, parse_settings, source_notes, wants_help
-from .tensor import sharded_backward
+from .. import backend
+from .measure import CONFIGS, OPTIM, make_batch, make_config
+from ..run.distributed import world as get_world
+from ..model import GPT
+from ..optim import AdamW
+from ..run.settings import SettingsError, fail, help_text, parse_settings, source_notes, wants_help
+from ..tensor import sharded_backward
 
 DEFAULTS = dict(
     config="ref",              # a configuration of bench_measure.CONFIGS
@@ -106,7 +106,7 @@ def worker(s):
 
 def launch(ranks, threads, s):
     """One job of a layout -> its JSON record (rank 0's)."""
-    cmd = [sys.executable, "-m", "nanospa.distributed_bench", "--worker", f"--threads={threads}",
+    cmd = [sys.executable, "-m", "nanospa.bench.ranks", "--worker", f"--threads={threads}",
            f"--config={s['config']}", f"--dtype={s['dtype']}", f"--steps={s['steps']}",
            f"--warmup={s['warmup']}", f"--pure_reps={s['pure_reps']}"]
     if ranks > 1:

@@ -32,9 +32,9 @@ import threading
 
 import numpy as np
 
-from . import backend
-from .nn import Linear
-from .tensor import Function, no_grad, slice_bounds
+from .. import backend
+from ..nn import Linear
+from ..tensor import Function, no_grad, slice_bounds
 
 FISHER_MODES = ("sampled", "empirical", "exact")
 DAMPING_MODES = ("factored", "exact")
@@ -178,7 +178,7 @@ class KFAC:
     damping_mode (factored | exact), adam_betas, adam_eps, adam_lr_ratio (the fallback's
     lr / lr), seed (of the sampled targets: give each rank its own), allreduce: a function
     that replaces each ``.grad`` of a list of objects by its mean over ranks (the signature
-    of nanospa.distributed's World.allreduce_grads), applied to the batch factors."""
+    of nanospa.run.distributed's World.allreduce_grads), applied to the batch factors."""
 
     def __init__(self, model, lr=0.05, damping=1e-3, ema=0.95, inv_interval=10, momentum=0.5,
                  weight_decay=0.0, kl_clip=1e-3, fisher="sampled", stats_fraction=0.25,

@@ -6,15 +6,15 @@ For each named configuration (--config=ref,ref512,...) it times a full training 
     tokens/s       B * T / (median step time over ``--steps`` steps after ``--warmup``)
     GEMM peak      FLOP/s of a large float32 (or the model's dtype) matrix product,
                    measured in the same run, with the same threads, between the steps
-    model FLOPs    per step, by the formula in nanospa/bench_measure.py
+    model FLOPs    per step, by the formula in nanospa/bench/measure.py
     MFU            model FLOPs per second / GEMM peak
     peak memory    CPU: the resident set's high-water mark of a fresh process that builds the
                    model and trains a few steps, minus its resident set after imports;
                    GPU: CuPy's memory pool and torch.cuda.max_memory_reserved()
-                   (nanospa/bench_memory.py)
+                   (nanospa/bench/memory.py)
 
 When PyTorch imports (optional, never a dependency), the same model (nanospa's weights, see
-nanospa/bench_torch.py, a yardstick only) is stepped in PyTorch eager mode with the same
+nanospa/bench/yardstick.py, a yardstick only) is stepped in PyTorch eager mode with the same
 configuration, thread count and dtype. Steps alternate between the two frameworks (in
 alternating order), and the reported ratio is the median over rounds of
 t_pytorch / t_nanospa: a speed ratio, > 1 when nanospa is faster, in which drift of a shared
@@ -25,7 +25,7 @@ slice of the batch (tensor.sharded_backward: same loss and gradients, summed in 
 order), with single-threaded BLAS; ``--cpu_threading=blas`` runs one thread with an n-thread
 BLAS instead, and ``--cpu_threading=plain`` what a user's own loop gets with no setting: an
 n-thread BLAS and the engine's automatic slices (backend.auto_slices: a big enough call trains
-on batch slices at once, BLAS held at one thread meanwhile, nanospa/blas.py). BLAS threads are set through OPENBLAS_NUM_THREADS, by re-running the command
+on batch slices at once, BLAS held at one thread meanwhile, nanospa/run/blas.py). BLAS threads are set through OPENBLAS_NUM_THREADS, by re-running the command
 with it set before NumPy loads (or, when main() is called from Python, with threadpoolctl if
 installed). PyTorch gets torch.set_num_threads(n). The GEMM peak is measured the same way as
 nanospa runs: n single-threaded products at once, or one n-thread product. OpenBLAS also
@@ -33,7 +33,7 @@ reads OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE) when it loads; the report shows t
 with threadpoolctl, the kernel OpenBLAS chose, so a run with them unset (``env -u
 OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m nanospa.bench``) can be told apart.
 
-Settings are nanospa's --key=value (nanospa/settings.py; --help lists them). Every GPTConfig
+Settings are nanospa's --key=value (nanospa/run/settings.py; --help lists them). Every GPTConfig
 field (and batch_size) is a setting too: set explicitly, it overrides every configuration,
 e.g. --n_layer=24 --batch_size=4. Bad settings: one ``error:`` line, exit status 2.
 
@@ -50,16 +50,16 @@ from dataclasses import fields
 
 import numpy as np
 
-from . import backend
-from . import blas as blas_module
-from .bench_measure import (CONFIGS, GemmProbe, KfacStep, NanospaStep, TorchStep, kfac_flops, make_batch,
+from .. import backend
+from ..run import blas as blas_module
+from .measure import (CONFIGS, GemmProbe, KfacStep, NanospaStep, TorchStep, kfac_flops, make_batch,
                             make_config, model_flops, time_steps)
-from .bench_memory import gpu_peaks, measure_cpu, probe_line, reset_gpu, status_bytes
-from .bench_report import format_report, machine_info
-from .config import GPTConfig
-from .model import GPT
-from .optimizers import KFAC_KEYS, OPTIMIZER_DEFAULTS, check_optimizer
-from .settings import SettingsError, help_text, parse_settings, run_command, source_notes, wants_help
+from .memory import gpu_peaks, measure_cpu, probe_line, reset_gpu, status_bytes
+from .report import format_report, machine_info
+from ..config import GPTConfig
+from ..model import GPT
+from ..beyond.optimizers import KFAC_KEYS, OPTIMIZER_DEFAULTS, check_optimizer
+from ..run.settings import SettingsError, help_text, parse_settings, run_command, source_notes, wants_help
 
 # ----------------------------------------------------------------------------- settings
 # The comment beside each key is its --help line.

@@ -16,7 +16,7 @@ import json
 import subprocess
 import sys
 
-from . import backend
+from .. import backend
 
 KIB = 1024   # /proc/self/status counts in kB (KiB)
 

@@ -17,7 +17,7 @@ of a head's query or key is rotated by the angle t theta_k, theta_k = 10000^(-2k
 
 It is linear and orthogonal, so its backward is the inverse rotation (sin -> -sin), and
 q_i . k_j depends on i and j only through j - i. The numbers (slopes, frequencies, the
-prior's plan) come from nanospa.signal.positions; here they are only cast and applied.
+prior's plan) come from nanospa.signal.beyond.positions; here they are only cast and applied.
 Not here: learned and sinusoidal positions (added to the embedding: model.GPT.embed), the
 SPA biases themselves (nanospa.signal.attn_bias), the attention op (attention.py, fused.py).
 """
@@ -25,11 +25,11 @@ import functools
 
 import numpy as np
 
-from . import backend
-from .signal.attn_bias import bias_block
-from .signal.positions import alibi_bias, rope_angles
-from .signal.positions import alibi_slopes as signal_alibi_slopes
-from .tensor import Function
+from .. import backend
+from ..signal.attn_bias import bias_block
+from ..signal.beyond.positions import alibi_bias, rope_angles
+from ..signal.beyond.positions import alibi_slopes as signal_alibi_slopes
+from ..tensor import Function
 
 
 def _rotate(xp, x, cos, sin, sign):

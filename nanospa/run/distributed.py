@@ -42,7 +42,7 @@ import traceback
 
 import numpy as np
 
-from . import backend
+from .. import backend
 
 BUCKET_BYTES = 16 * 2**20   # flat gradient buckets; a larger parameter travels alone
 POLL_S = 1e-4               # a waiting collective tests its request this often (and yields the core)

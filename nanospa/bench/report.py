@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from . import backend
+from .. import backend
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")   # read by OpenBLAS when it loads

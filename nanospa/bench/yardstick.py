@@ -27,7 +27,7 @@ import math
 import torch
 import torch.nn.functional as TF
 
-from .fused import LAYER_NORM_EPS, RMS_NORM_EPS   # nanospa's norms' eps, so both compute the same
+from ..fused import LAYER_NORM_EPS, RMS_NORM_EPS   # nanospa's norms' eps, so both compute the same
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 

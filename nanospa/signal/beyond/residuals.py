@@ -1,5 +1,5 @@
 """The constants of the residual schemes beyond the paper's (docs/residuals.md), defined once
-for the model (nanospa/schemes.py, nanospa/ngpt.py) and for the wide-limit maps (maps.py).
+for the model (nanospa/beyond/schemes.py, nanospa/beyond/ngpt.py) and for the wide-limit maps (maps.py).
 
     deepnorm_alpha(N), deepnorm_beta(N)   DeepNet's decoder-only constants (Wang et al. 2022)
     NGPT_*                                nGPT's published initial values and scales
@@ -7,7 +7,7 @@ for the model (nanospa/schemes.py, nanospa/ngpt.py) and for the wide-limit maps 
     ngpt_scale(name, d)                   the scale s_scale of one nGPT vector at width d
     ngpt_value(name)                      its initial (used) value s_init
 
-Not here: the modules that use them (nanospa/ngpt.py, nanospa/schemes.py) and the kernel
+Not here: the modules that use them (nanospa/beyond/ngpt.py, nanospa/beyond/schemes.py) and the kernel
 maps (maps.py: BlockMaps for DeepNorm, NGPTMaps for nGPT). Plain Python floats.
 
 Notation: N = n_layer (decoder-only DeepNet: N decoder layers, no encoder), d = n_embd.

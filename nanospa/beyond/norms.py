@@ -28,11 +28,11 @@ import warnings
 
 import numpy as np
 
-from . import backend
-from .fused import LAYER_NORM_EPS, layer_norm
-from .nn import LayerNorm, Module, Parameter
-from .signal import BATCH_NORM_EPS
-from .tensor import Function, Tensor
+from .. import backend
+from ..fused import LAYER_NORM_EPS, layer_norm
+from ..nn import LayerNorm, Module, Parameter
+from ..signal import BATCH_NORM_EPS
+from ..tensor import Function, Tensor
 
 BN_MOMENTUM = 0.1  # running <- 0.9 running + 0.1 batch statistic per step (PyTorch's default)
 NON_CAUSAL = ("norm={norm!r} with norm_causal=False: its training-mode statistics pool every "

@@ -4,20 +4,21 @@ DyT, GroupNorm); not zero for norms whose training-mode statistics pool position
 (BatchNorm, PRepBN with norm_causal=False), which then learn from the future.
 
     future_leakage(model, idx, targets, training)   max |dL_t / de_t'| over t' > t and <= t
-    python -m nanospa.causality                     the table of docs/norms.md
+    python -m nanospa.experiments causality                     the table of docs/norms.md
 
 e = model.embed(idx), (B, T, C), is the input of the first block; L_t is the mean over the
 batch of the cross-entropy at position t. Not here: the norms (norms.py, nn.py).
 """
-import argparse
+import sys
 
 import numpy as np
 
-from . import backend
-from .config import GPTConfig
-from .fused import cross_entropy
-from .model import GPT
-from .tensor import Tensor, no_grad
+from .. import backend
+from ..config import GPTConfig
+from ..fused import cross_entropy
+from ..model import GPT
+from ..run.settings import SettingsError, help_text, parse_settings, run_command, source_notes, wants_help
+from ..tensor import Tensor, no_grad
 
 NORM_CASES = (("none", False), ("layernorm", False), ("rmsnorm", False), ("groupnorm", False),
               ("batchnorm", False), ("batchnorm", True), ("prepbn", False), ("prepbn", True))
@@ -87,18 +88,46 @@ def leakage_table(n_layer=2, n_embd=32, T=16, batch=4, seed=0):
     return rows
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m nanospa.causality", description=__doc__.splitlines()[0])
-    p.add_argument("--n_layer", type=int, default=2)
-    p.add_argument("--n_embd", type=int, default=32)
-    p.add_argument("--T", type=int, default=16)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
+DEFAULTS = dict(
+    n_layer=2,          # blocks of each Pre-LN model
+    n_embd=32,          # width (4 heads)
+    T=16,               # positions per sequence
+    batch=4,            # sequences
+    seed=0,             # seeds the tokens and the weights
+)
+
+
+def table(s):
+    """Print the leakage table for settings s (exit status 0)."""
+    for key in ("n_layer", "n_embd", "T", "batch"):
+        if s[key] < 1:
+            raise SettingsError(f"{key} must be a positive integer, got {s[key]!r}")
+    if s["seed"] < 0:
+        raise SettingsError(f"seed must be >= 0, got {s['seed']!r}")
+    if s["n_embd"] % 4:
+        raise SettingsError(f"n_embd must be a multiple of the 4 heads, got {s['n_embd']}")
     print(f"{'norm':>10} {'causal':>6} {'mode':>5} {'future':>10} {'past':>10} {'ratio':>10}")
-    for norm, causal, mode, future, past, ratio in leakage_table(a.n_layer, a.n_embd, a.T, a.batch, a.seed):
+    for norm, causal, mode, future, past, ratio in leakage_table(s["n_layer"], s["n_embd"], s["T"], s["batch"], s["seed"]):
         print(f"{norm:>10} {str(causal):>6} {mode:>5} {future:10.3g} {past:10.3g} {ratio:10.3g}")
+    return 0
+
+
+def settings(argv):
+    s = parse_settings(argv, DEFAULTS)
+    del s["_explicit"]
+    return s
+
+
+def main(argv=None):
+    """python -m nanospa.experiments causality [--key=value ...] -> exit status (0, or 2 with
+    one error: line for a bad setting)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if wants_help(argv):
+        print(help_text("python -m nanospa.experiments causality: " + __doc__.splitlines()[0], DEFAULTS,
+                        source_notes(__file__)))
+        return 0
+    return run_command(lambda: table(settings(argv)))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
