@@ -35,7 +35,7 @@ checkpoint file's format and its checks (nanospa/run/checkpoint.py), the lock an
 """
 import os
 
-# Each step's batch is split across --threads worker threads (nanospa.tensor.sharded_backward),
+# Each step's batch is split across --threads worker threads (nanospa/run/threads.py),
 # and each thread calls single-threaded BLAS: a multi-threaded BLAS under them would put
 # threads x BLAS-threads on the cores. BLAS reads these variables once, when NumPy loads, so
 # this must run before the first import of NumPy; values already in the environment win.
@@ -65,7 +65,9 @@ from nanospa.run.rundir import Interrupts, RunFiles, RunLock, check_run_dir, hea
 from nanospa.run.settings import (EXIT_SIGNAL_BASE, SettingsError, help_text, parse_settings, run_command,
                               source_notes, wants_help)
 from nanospa.signal.table import predicted_kernels  # averaged over the probe's own sequences
-from nanospa.tensor import no_grad, sharded_backward
+from nanospa.tensor import no_grad
+from nanospa.run import threads as cpu
+from nanospa.run.threads import sharded_backward
 from nanospa.run import distributed
 
 # ----------------------------------------------------------------------------- defaults
@@ -235,7 +237,7 @@ def run(argv, s, stop, world):
     # -- backend and seed
     world.use_device(s["device"])                     # cuda: the GPU of this local rank, NCCL
     backend.use(s["device"])                          # DeviceError without CuPy or a GPU
-    backend.set_threads(backend.cpu_threads(s["threads"], B // world.size) if s["device"] == "cpu" else 1)
+    cpu.set_threads(cpu.cpu_threads(s["threads"], B // world.size) if s["device"] == "cpu" else 1)
     rng = np.random.default_rng(s["seed"])            # training batches; saved in checkpoints
 
     # -- data
@@ -259,7 +261,7 @@ def run(argv, s, stop, world):
     print(f"model: {model.num_params():,} parameters; L={cfg.n_layer} H={cfg.n_head} C={cfg.n_embd} T={T}; "
           f"attention={cfg.attention} activation={cfg.activation} residual={cfg.residual} "
           f"norm={cfg.norm} pos={cfg.pos} {cfg.dtype} on {s['device']}"
-          + (f" ({backend.threads()} threads)" if s["device"] == "cpu" else ""))
+          + (f" ({cpu.threads()} threads)" if s["device"] == "cpu" else ""))
     print("plan: " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in model.plan.info.items())
           + f"; activation {model.activation!r}")
 
@@ -401,11 +403,11 @@ def main(argv=None):
     if wants_help(argv):
         print(usage())
         return 0
-    threads = backend.thread_setting()                # train() sets its own; restored for callers
+    threads = cpu.threads()                           # train() sets its own; restored for callers
     try:
         return run_command(train, argv, diverged=Diverged)   # Diverged: status 1, not bad input
     finally:
-        backend.set_threads(threads)
+        cpu.set_threads(threads)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Reading order: backend -> tensor -> functions -> shape_ops -> fused -> nn -> opt
 signal/ -> config -> model. See README.md for the code map.
 """
 from . import backend
-from .tensor import Tensor, Function, no_grad, sharded_backward
+from .tensor import Tensor, Function, no_grad
 from . import functions, shape_ops, fused
 from .nn import Module, Parameter
 from .optim import AdamW, SGD

@@ -14,11 +14,11 @@ import numpy as np
 
 from .beyond import schemes
 from .signal import BUDGETS, POSITIONS, shaped_activation_names, split_activation
+from .signal.activations import ACTIVATIONS
 from .signal.kernels import DEFAULT_RHO_FINAL
 
 ATTENTIONS = ("softmax", "value_skipinit", "uspa", "espa")
-BASE_ACTIVATIONS = ("relu", "gelu", "gelu_exact", "sigmoid", "tanh", "leaky_relu", "softplus",
-                    "elu", "swish", "linear")
+BASE_ACTIVATIONS = tuple(ACTIVATIONS)   # the one registry of phi (signal/activations.py)
 RESIDUALS = ("none", "standard", "normalised", "deepnorm", "ngpt")   # the last two: docs/residuals.md
 NORMS = ("none", "layernorm", "rmsnorm", "dyt", "batchnorm", "prepbn", "groupnorm")
 BATCH_NORMS = ("batchnorm", "prepbn")  # statistics over the batch and positions (nanospa/beyond/norms.py)

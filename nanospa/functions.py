@@ -1,9 +1,9 @@
 """The elementwise primitives: one small Function per op, forward above backward.
 
-Here: arithmetic (Add, Sub, Mul, Div, Neg, Pow), activations (Exp, Log, Sqrt, Tanh,
-Sigmoid, LeakyReLU, GELU, Softplus, ELU, Swish, Identity), the shaped activation of
-DKS/TAT in one op (Shaped), and selection (Where; the functional spellings where and
-masked_fill). Each output entry depends only on the same entry of each (broadcast)
+Here: arithmetic (Add, Sub, Mul, Div, Neg, Pow), Exp, Log, Sqrt, the activations
+(Activation: any phi of signal.activations.ACTIVATIONS, the one definition the DKS/TAT maths
+use too), the shaped activation of DKS/TAT in one op (Shaped), and selection (Where; the
+functional spellings where and masked_fill). Each output entry depends only on the same entry of each (broadcast)
 input, so each backward is a product with a local derivative.
 
 Not here: ops that change shape (reductions, matmul, reshape, indexing, embedding:
@@ -18,9 +18,7 @@ result; tensor.unbroadcast sums it back to each input's shape, so no op here thi
 broadcasting. Constants are Python floats (never NumPy float64 scalars), so float32 stays
 float32 under NumPy 2's promotion rules.
 """
-import math
-
-from . import backend
+from .signal.activations import ACTIVATIONS
 from .tensor import Function, Tensor
 
 # ---------------------------------------------------------------- arithmetic
@@ -117,187 +115,76 @@ class Sqrt(Function):
         return g / (2.0 * ctx.saved[0])
 
 
-class Tanh(Function):
-    def forward(ctx, x):
-        y = ctx.xp.tanh(x)
-        ctx.save(y)
-        return y
+# Every activation phi is defined once, in nanospa/signal/activations.py (ACTIVATIONS: phi,
+# phi', phi'' as functions of any array module), and the DKS/TAT maths read the same entry:
+# the op below evaluates it, so the model runs the phi_hat that signal/ solved for.
 
-    def backward(ctx, g):
-        y = ctx.saved[0]
-        return g * (1.0 - y * y)
+class Activation(Function):
+    """y = phi(x) for ``name`` in signal.activations.ACTIVATIONS (relu, leaky_relu, gelu,
+    gelu_exact, tanh, sigmoid, softplus, elu, swish, linear); ``kw`` its options (a leaky
+    ReLU's negative_slope). Backward: phi'(x) g."""
 
-
-def _sigmoid(xp, x):
-    # 0.5 * (1 + tanh(x/2)) is the logistic function without overflow for large |x|
-    return 0.5 + 0.5 * xp.tanh(0.5 * x)
-
-
-class Sigmoid(Function):
-    def forward(ctx, x):
-        y = _sigmoid(ctx.xp, x)
-        ctx.save(y)
-        return y
-
-    def backward(ctx, g):
-        y = ctx.saved[0]
-        return g * y * (1.0 - y)
-
-
-class LeakyReLU(Function):
-    """max(x, 0) + slope * min(x, 0); slope = 0 is ReLU. The slope has no default: a leaky
-    ReLU's slope is a model choice (nanospa.signal's LEAKY_RELU_SLOPE for the plain one)."""
-
-    def forward(ctx, x, slope):
-        pos = x > 0
-        ctx.save(pos)
-        ctx.slope = slope
-        if slope == 0.0:
-            return x * pos
-        return ctx.xp.where(pos, x, x * slope)
-
-    def backward(ctx, g):
-        (pos,) = ctx.saved
-        if ctx.slope == 0.0:
-            return g * pos
-        return ctx.xp.where(pos, g, g * ctx.slope)
-
-
-SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # k of the tanh approximation of GELU
-GELU_CUBIC = 0.044715                      # the cubic coefficient of that approximation
-INV_SQRT_2 = 1.0 / math.sqrt(2.0)          # Phi(x) = (1 + erf(x / sqrt 2)) / 2
-INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)  # the normal density's constant
-
-
-class GELU(Function):
-    """approximate="tanh": 0.5 x (1 + tanh(k (x + GELU_CUBIC x^3))), k = sqrt(2/pi)
-    (Hendrycks & Gimpel's approximation, as in GPT-2); approximate="none": x Phi(x) with
-    the normal CDF Phi (uses backend.erf)."""
-
-    def forward(ctx, x, approximate="tanh"):
-        xp = ctx.xp
-        ctx.approximate = approximate
-        if approximate == "tanh":
-            t = xp.tanh(SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x))
-            ctx.save(x, t)
-            return 0.5 * x * (1.0 + t)
-        if approximate != "none":
-            raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
-        cdf = 0.5 * (1.0 + backend.erf(x * INV_SQRT_2))
-        ctx.save(x, cdf)
-        return x * cdf
-
-    def backward(ctx, g):
-        x, s = ctx.saved
-        if ctx.approximate == "tanh":
-            du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x)  # d/dx of k (x + c x^3)
-            return g * (0.5 * (1.0 + s) + 0.5 * x * (1.0 - s * s) * du)
-        pdf = INV_SQRT_2PI * ctx.xp.exp(-0.5 * x * x)
-        return g * (s + x * pdf)
-
-
-class Softplus(Function):
-    """log(1 + e^x), computed as max(x, 0) + log1p(e^-|x|)."""
-
-    def forward(ctx, x):
-        xp = ctx.xp
+    def forward(ctx, x, name, **kw):
+        ctx.act, ctx.kw = ACTIVATIONS[name], kw
         ctx.save(x)
-        return xp.maximum(x, 0.0) + xp.log1p(xp.exp(-xp.abs(x)))
+        return ctx.act.fn(x, xp=ctx.xp, **kw)
 
     def backward(ctx, g):
-        return g * _sigmoid(ctx.xp, ctx.saved[0])
+        return g * ctx.act.d1(ctx.saved[0], ctx.xp, **ctx.kw)
 
 
-class ELU(Function):
-    """x for x > 0, alpha (e^x - 1) otherwise (alpha = 1 is the ELU of Clevert et al.)."""
-
-    def forward(ctx, x, alpha=1.0):
-        xp = ctx.xp
-        pos = x > 0
-        em1 = xp.expm1(xp.minimum(x, 0.0))
-        ctx.save(pos, em1)
-        ctx.alpha = alpha
-        return xp.where(pos, x, alpha * em1)
-
-    def backward(ctx, g):
-        pos, em1 = ctx.saved
-        return ctx.xp.where(pos, g, g * (ctx.alpha * (em1 + 1.0)))
-
-
-class Swish(Function):
-    """x sigmoid(x) (SiLU)."""
-
-    def forward(ctx, x):
-        s = _sigmoid(ctx.xp, x)
-        ctx.save(x, s)
-        return x * s
-
-    def backward(ctx, g):
-        x, s = ctx.saved
-        return g * (s * (1.0 + x * (1.0 - s)))
-
-
-class Identity(Function):
-    """x (the "linear" base activation of Shaped)."""
-
-    def forward(ctx, x):
-        return x
-
-    def backward(ctx, g):
-        return g
-
-
-BASE = {"relu": LeakyReLU, "leaky_relu": LeakyReLU, "gelu": GELU, "gelu_exact": GELU,
-        "sigmoid": Sigmoid, "tanh": Tanh, "softplus": Softplus, "elu": ELU, "swish": Swish,
-        "linear": Identity}
+def scale_where(x, cond, k_true, k_false):
+    """x * (k_true where cond else k_false), a new array of x's dtype (Python float factors):
+    factor = k_false + (k_true - k_false) cond is four cheap passes, where np.where with
+    scalar branches is about 8x slower. The factor for cond may differ from k_true in the last
+    bit; forward and backward use the same factors, so gradients stay exact."""
+    out = cond.astype(x.dtype)
+    out *= k_true - k_false
+    out += k_false
+    out *= x
+    return out
 
 
 class Shaped(Function):
-    """A shaped (DKS/TAT) activation in one op: y = s (phi(a x + b) + o), where phi is one of
-    the base activations above (docs/activations.md §1). Backward: s a phi'(a x + b) g, by
-    the base op's own backward. ``slope`` is required with base="leaky_relu" and refused
-    with any other base ("relu" is the leaky ReLU of slope 0)."""
+    """A shaped (DKS/TAT) activation in one op: y = s (phi(a x + b) + o), phi an entry of
+    signal.activations.ACTIVATIONS (docs/activations.md §1; the float64 twin is
+    signal.act_transform.ActivationTransform). Backward: s a phi'(a x + b) g. ``slope`` is
+    the negative slope of base="leaky_relu", required there and refused elsewhere."""
 
     def forward(ctx, x, base, a=1.0, b=0.0, s=1.0, o=0.0, slope=None):
         if (slope is None) == (base == "leaky_relu"):
             raise ValueError(f"Shaped: slope={slope!r} with base {base!r} (a slope is needed "
                              "for 'leaky_relu' and only there)")
-        if base == "relu":
-            slope = 0.0
         ctx.a, ctx.s = a, s
         if base in ("relu", "leaky_relu") and b == 0.0 and a > 0.0:
             # Fast path (TAT's leaky ReLU): phi is positively homogeneous, phi(a x) = a phi(x)
             # for a > 0, so y = s (phi(a x) + o) = x * (s a if x > 0 else s a slope) + s o, and
             # the backward is the same factor times g: one select and one product each way.
             k = s * a
-            ctx.factors = (k, k * slope)
+            ctx.factors = (k, k * (slope or 0.0))
             pos = x > 0
             ctx.save(pos)
-            y = backend.scale_where(x, pos, *ctx.factors)
+            y = scale_where(x, pos, *ctx.factors)
             if o != 0.0:
                 y += s * o
             return y
         ctx.factors = None
+        ctx.act, ctx.kw = ACTIVATIONS[base], ({} if slope is None else {"negative_slope": slope})
         u = x * a if a != 1.0 else x
         if b != 0.0:
             u = u + b
-        inner = ctx.inner = BASE[base]()
-        inner.xp = ctx.xp
-        options = {}
-        if slope is not None:
-            options["slope"] = slope
-        if base == "gelu_exact":
-            options["approximate"] = "none"
-        y = inner.forward(u, **options)
+        ctx.save(u)
+        y = ctx.act.fn(u, xp=ctx.xp, **ctx.kw)
         if o != 0.0:
             y = y + o
         return y * s if s != 1.0 else y
 
     def backward(ctx, g):
         if ctx.factors is not None:
-            return backend.scale_where(g, ctx.saved[0], *ctx.factors)
-        gs = g * (ctx.s * ctx.a) if ctx.s * ctx.a != 1.0 else g
-        return ctx.inner.backward(gs)
+            return scale_where(g, ctx.saved[0], *ctx.factors)
+        k = ctx.s * ctx.a
+        d = ctx.act.d1(ctx.saved[0], ctx.xp, **ctx.kw)
+        return g * d * k if k != 1.0 else g * d
 
 
 # ---------------------------------------------------------------- selection

@@ -37,8 +37,8 @@ class Softmax(Function):
     (T, T)) entries above the diagonal get probability 0. The bias is optional and
     broadcasts (SPA's (T, T) matrix B_l, or B_l with the causal mask already added).
     Backward: gz = y (g - sum(g y)), gx = scale gz, gbias = gz (summed by unbroadcast).
-    The elementwise steps are backend kernels: a few in-place NumPy passes on the CPU, one
-    fused pass each on the GPU."""
+    The elementwise steps run in place on one (..., T, T) buffer: memory, not arithmetic,
+    is what a softmax costs."""
 
     def forward(ctx, x, *bias, axis=-1, scale=1.0, causal=False):
         xp = ctx.xp
@@ -46,13 +46,17 @@ class Softmax(Function):
         if causal:
             mask = causal_mask(xp, x.shape[-1], x.dtype)
             bias = mask if bias is None else bias + mask
-        z = backend.scale_add(x, scale, bias)                   # z = scale x + bias, a new array
-        backend.exp_sub(z, z.max(axis=axis, keepdims=True))     # z <- exp(z - max z), in place
+        z = xp.multiply(x, scale, dtype=x.dtype)                # z = scale x (+ bias), a new array
+        if bias is not None:
+            z += bias
+        z -= z.max(axis=axis, keepdims=True)                    # z <- exp(z - max z), in place
+        xp.exp(z, out=z)
         # z <- z / sum(z), in place; probabilities below sqrt(tiny) (1e-19 in float32) are set
         # to 0. They are below the rounding error of any row sum or product they enter, but
         # left in place they make subnormal numbers, and a CPU matrix product on subnormals
         # runs ~10x slower. E-SPA's bias B_l makes many such entries (exp of -100 and below).
-        backend.div_flush(z, z.sum(axis=axis, keepdims=True), xp.finfo(z.dtype).tiny ** 0.5)
+        z *= 1.0 / z.sum(axis=axis, keepdims=True)
+        z *= z >= xp.finfo(z.dtype).tiny ** 0.5
         ctx.save(z)
         ctx.axis, ctx.scale = axis, scale
         return z
@@ -65,7 +69,11 @@ class Softmax(Function):
         if bias_grad:
             gz -= y * s                                          # gz = y (g - s) = gbias
             return (gz * ctx.scale if ctx.scale != 1.0 else gz), gz
-        return backend.softmax_grad(y, g, s, ctx.scale, out=gz)  # gx = scale y (g - s)
+        ctx.xp.subtract(g, s, out=gz)                            # gx = scale y (g - s), in gz
+        gz *= y
+        if ctx.scale != 1.0:
+            gz *= ctx.scale
+        return gz
 
 
 class LogSoftmax(Function):

@@ -53,9 +53,8 @@ from .beyond import ngpt, norms, positions, schemes
 from . import signal
 from .signal.attn_bias import bias_block, layer_parts
 from .functions import Shaped
-from .config import BATCH_NORMS
 from .nn import DyT, Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, orthogonal
-from .tensor import Tensor, no_grad, sliced_call
+from .tensor import Tensor, no_grad
 
 MIN_TEMPERATURE = 1e-6  # generate(): temperature 0 means greedy; logits are divided by at least this
 
@@ -320,16 +319,6 @@ class GPT(Module):
 
     def forward(self, idx, targets=None, record=None):
         idx = _as_index(idx)
-        B, T = idx.shape
-        # A plain call with targets may train on slices of the batch at once (the CPU's cores,
-        # backend.auto_slices), never with batch statistics (BatchNorm would see each slice's).
-        k = 1 if targets is None or record is not None or self.config.norm in BATCH_NORMS \
-            else backend.auto_slices(B, B * T * self.config.n_embd)
-        if k > 1:
-            return sliced_call(self._forward, k, self.parameters(), idx, _as_index(targets))
-        return self._forward(idx, targets, record)
-
-    def _forward(self, idx, targets=None, record=None):
         x = self.embed(idx)
         if record is not None:
             record.hidden.append(backend.to_numpy(x.data))

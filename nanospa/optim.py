@@ -4,7 +4,7 @@ Updates change ``param.data`` in place, after backward has freed the graph, so n
 saved for a backward pass is ever modified. Optimiser state lives on the parameters'
 device and has the parameters' dtype; ``state_dict`` brings it to the host for checkpoints.
 
-Here: SGD, AdamW (its update is one fused backend kernel, backend.adamw_update),
+Here: SGD, AdamW (its update in place, adamw_update),
 global-norm clipping, the warm-up + cosine schedule. Not here: which parameters decay
 (each Parameter's ``no_decay``, set where it is made) and the training loop (train.py).
 """
@@ -103,25 +103,38 @@ class AdamW(Optimizer):
         c1 = 1.0 - self.b1 ** self.t
         c2 = 1.0 - self.b2 ** self.t
         step_size = self.lr / c1
-        todo = [i for i, p in enumerate(self.params) if p.grad is not None]
-        for i in todo:
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
             if self.m[i] is None:
-                xp = backend.xp_of(self.params[i].data)
-                self.m[i] = xp.zeros_like(self.params[i].data)
-                self.v[i] = xp.zeros_like(self.params[i].data)
+                xp = backend.xp_of(p.data)
+                self.m[i], self.v[i] = xp.zeros_like(p.data), xp.zeros_like(p.data)
+            decay = 1.0 - self.lr * self.weight_decay if not getattr(p, "no_decay", False) else 1.0
+            adamw_update(p.data, p.grad, self.m[i], self.v[i], self.b1, self.b2, step_size, self.eps, 1.0 / c2, decay)
 
-        def update(group):
-            for i in group:
-                p = self.params[i]
-                decay = 1.0 - self.lr * self.weight_decay if not getattr(p, "no_decay", False) else 1.0
-                backend.adamw_update(p.data, p.grad, self.m[i], self.v[i], self.b1, self.b2, step_size,
-                                     self.eps, 1.0 / c2, decay)
 
-        # Parameters are independent: with automatic slices on (backend.auto_slices), groups of
-        # them update on the worker threads at once (same result, whatever the split).
-        sizes = [int(self.params[i].data.size) for i in todo]
-        k = backend.auto_slices(len(todo), sum(sizes))
-        backend.parallel_map(update, [[todo[j] for j in g] for g in backend.balanced_groups(sizes, k)], workers=k)
+def adamw_update(p, g, m, v, b1, b2, step_size, eps, inv_c2, decay):
+    """One AdamW update of one parameter, all arrays in place, one scratch array:
+        m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2
+        p <- decay p - step_size m / (sqrt(v inv_c2) + eps)
+    with step_size = lr / (1 - b1^t), inv_c2 = 1 / (1 - b2^t), decay = 1 - lr wd (or 1)."""
+    xp = backend.xp_of(p)
+    tmp = xp.multiply(g, 1.0 - b1, dtype=p.dtype)
+    m *= b1
+    m += tmp
+    xp.multiply(g, g, out=tmp)
+    tmp *= 1.0 - b2
+    v *= b2
+    v += tmp
+    xp.sqrt(v, out=tmp)
+    tmp *= inv_c2 ** 0.5                            # sqrt(v inv_c2)
+    tmp += eps
+    xp.divide(m, tmp, out=tmp)
+    tmp *= step_size
+    if decay != 1.0:
+        p *= decay
+    p -= tmp
+    return p
 
 
 def global_grad_norm(params):
@@ -154,4 +167,3 @@ def cosine_lr(it, max_lr, warmup_iters, decay_iters, min_lr):
         return min_lr
     ratio = (it - warmup_iters) / max(1, decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (max_lr - min_lr)
-from .beyond.kfac import KFAC  # noqa: E402,F401  (kfac.py imports nothing from optim: no cycle)

@@ -37,7 +37,6 @@ import weakref
 import numpy as np
 
 from . import backend
-from .run import blas
 
 _grad_enabled = True
 
@@ -163,7 +162,7 @@ class Tensor:
     def backward(self, grad=None, leaf_grads=None):
         """Back-propagate from this tensor; leaves accumulate into ``.grad``, or, when a dict
         ``leaf_grads`` is given, their gradients are stored there ({leaf: array}) and
-        ``.grad`` is left alone (sharded_backward adds them up in a fixed order)."""
+        ``.grad`` is left alone (run/threads.sharded_backward adds them up in a fixed order)."""
         if not self.requires_grad:
             raise RuntimeError(f"backward through a tensor of shape {self.shape} that does not "
                                "require grad (no parameter with requires_grad=True reached it)")
@@ -237,132 +236,20 @@ class Tensor:
     def exp(self): return F.Exp.apply(self)
     def log(self): return F.Log.apply(self)
     def sqrt(self): return F.Sqrt.apply(self)
-    def tanh(self): return F.Tanh.apply(self)
-    def sigmoid(self): return F.Sigmoid.apply(self)
-    def relu(self): return F.LeakyReLU.apply(self, slope=0.0)
-    def leaky_relu(self, slope): return F.LeakyReLU.apply(self, slope=float(slope))
-    def gelu(self, approximate="tanh"): return F.GELU.apply(self, approximate=approximate)
-    def softplus(self): return F.Softplus.apply(self)
-    def elu(self, alpha=1.0): return F.ELU.apply(self, alpha=float(alpha))
-    def swish(self): return F.Swish.apply(self)
+    def tanh(self): return F.Activation.apply(self, name="tanh")
+    def sigmoid(self): return F.Activation.apply(self, name="sigmoid")
+    def relu(self): return F.Activation.apply(self, name="relu")
+    def leaky_relu(self, slope): return F.Activation.apply(self, name="leaky_relu", negative_slope=float(slope))
+    def gelu(self, approximate="tanh"): return F.Activation.apply(self, name=_GELU[approximate])
+    def softplus(self): return F.Activation.apply(self, name="softplus")
+    def elu(self): return F.Activation.apply(self, name="elu")
+    def swish(self): return F.Activation.apply(self, name="swish")
     def reshape(self, *shape): return S.Reshape.apply(self, shape=_shape_arg(shape))
     def transpose(self, *axes): return S.Transpose.apply(self, axes=_shape_arg(axes) or None)
     T = property(lambda self: S.Transpose.apply(self, axes=None))
 
 
-def slice_bounds(n, k):
-    """Where k slices of n batch entries start and end: [0, ..., n], sizes differing by at
-    most one (sharded_backward, sliced_call, K-FAC's curvature pass)."""
-    return [n * s // k for s in range(k + 1)]
-
-
-def sharded_backward(loss_fn, *batch):
-    """Back-propagate the batch-mean loss ``loss_fn(*batch)`` in backend.threads() slices of
-    the batch (axis 0 of every array in ``batch``), each on a worker thread
-    (data parallelism on the CPU: NumPy releases the GIL in its loops and in BLAS, so the
-    slices run at once; run BLAS single-threaded then). Returns the loss, a Tensor without
-    graph. For a loss that is a mean over batch entries (cross-entropy over rows of equal
-    length, no ignore_index),
-
-        L = sum_s (n_s / n) L_s,      dL/dtheta = sum_s (n_s / n) dL_s/dtheta,
-
-    so slice s back-propagates from L_s with upstream gradient n_s / n into a dict of its
-    own, and the dicts are added to the leaves' ``.grad`` in slice order: the result does
-    not depend on thread timing. With one shard this is loss_fn(*batch).backward()."""
-    n = len(batch[0])
-    k = max(1, min(n, backend.threads()))
-    if k == 1:
-        loss = loss_fn(*batch)
-        loss.backward()
-        return Tensor(loss.data)
-    bounds = slice_bounds(n, k)
-
-    def run(s):
-        lo, hi = bounds[s], bounds[s + 1]
-        loss = loss_fn(*(b[lo:hi] for b in batch))
-        weight = (hi - lo) / n
-        grads = {}
-        loss.backward(weight, leaf_grads=grads)
-        return loss.data * weight, grads
-
-    total = None
-    for value, grads in backend.parallel_map(run, range(k)):  # results in slice order
-        for leaf, g in grads.items():
-            leaf.grad = g if leaf.grad is None else leaf.grad + g
-        total = value if total is None else total + value
-    return Tensor(total)
-
-
-def sliced_call(fn, k, leaves, *batch):
-    """``fn(*batch) -> (out, loss)`` with a batch-mean ``loss``, run as k slices of the batch
-    at once on worker threads, BLAS held at one thread (blas.limited): backend.auto_slices's
-    plain-call parallelism (model.GPT.forward). Returns (out, loss):
-
-        loss    a Tensor of value sum_s (n_s / n) L_s whose backward back-propagates every
-                slice on the workers, upstream (n_s / n) g each, into dicts of their own,
-                and adds them in slice order into ``leaves`` (the parameters): the same
-                gradient as loss.backward() on the whole batch, up to rounding, whatever
-                the thread timing (the sum of sharded_backward).
-        out     the slices' outputs joined along axis 0, as data: back-propagating through
-                it raises (each slice's graph is freed by the loss's backward); for a loss
-                of your own, call fn without targets, or set backend.set_threads(1).
-
-    Without autograd (no_grad) both are plain values."""
-    n = len(batch[0])
-    bounds = slice_bounds(n, k)
-    parts = [tuple(b[bounds[s]:bounds[s + 1]] for b in batch) for s in range(k)]
-    with blas.limited(1):                 # no_grad is a module global: workers see the caller's
-        results = backend.parallel_map(lambda part: fn(*part), parts, workers=k)
-    xp = backend.xp_of(results[0][1].data)
-    out = Tensor(xp.concatenate([o.data for o, _ in results]))
-    weights = [(hi - lo) / n for lo, hi in zip(bounds, bounds[1:])]
-    losses = [loss for _, loss in results]
-    if not any(loss.requires_grad for loss in losses):
-        return out, Tensor(sum(loss.data * w for loss, w in zip(losses, weights)))
-    leaves = [p for p in leaves if p.requires_grad]
-    return (_SlicedOutput.apply(out, *leaves),
-            _SlicedLoss.apply(*leaves, losses=losses, weights=weights, workers=k))
-
-
-class _SlicedLoss(Function):
-    """sum_s w_s L_s over slices whose graphs were built on worker threads (sliced_call). Its
-    inputs are the parameters; backward runs the slices' backwards and returns their sums."""
-
-    def forward(ctx, *leaves, losses, weights, workers):
-        ctx.losses, ctx.weights, ctx.workers = losses, weights, workers
-        return sum(loss.data * w for loss, w in zip(losses, weights))
-
-    def backward(ctx, g):
-        leaves = ctx.parents
-
-        def run(s):
-            grads = {}
-            ctx.losses[s].backward(g * ctx.weights[s], leaf_grads=grads)
-            return grads
-
-        with blas.limited(1):
-            per_slice = backend.parallel_map(run, range(len(ctx.losses)), workers=ctx.workers)
-        ctx.losses = None
-        out = []
-        for p in leaves:
-            gs = [d[p] for d in per_slice if p in d]
-            total = None
-            for x in gs:                  # slice order: deterministic
-                total = x if total is None else total + x
-            out.append(total)
-        return tuple(out)
-
-
-class _SlicedOutput(Function):
-    """The joined outputs of sliced_call: a value with no way back (see sliced_call)."""
-
-    def forward(ctx, out, *leaves):
-        return out
-
-    def backward(ctx, g):
-        raise RuntimeError("backward through the outputs of a call that trained on batch slices "
-                           "(backend.auto_slices): call the model without targets for a loss of "
-                           "your own, or turn slicing off with nanospa.backend.set_threads(1)")
+_GELU = {"tanh": "gelu", "none": "gelu_exact"}   # Tensor.gelu(approximate): PyTorch's spelling
 
 
 def _shape_arg(args):

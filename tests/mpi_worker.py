@@ -31,7 +31,8 @@ from nanospa.run.distributed import World
 from nanospa.run.distributed import world as get_world
 from nanospa.optim import AdamW, clip_grad_norm
 from nanospa.run.settings import fail
-from nanospa.tensor import no_grad, sharded_backward
+from nanospa.run.threads import set_threads, sharded_backward
+from nanospa.tensor import no_grad
 
 CONFIG = dict(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8, dtype="float64")
 DEFAULTS = dict(steps=6, batch=4, seed=0, save_at=0, resume=False, ckpt="", out="", fail_rank=-1, fail_step=-1,
@@ -80,7 +81,7 @@ def main(argv):
     world.check_batch(s["batch"])                     # every rank, before any collective
     world.use_device(s["device"])                     # cuda: this rank's GPU and NCCL
     backend.use(s["device"])
-    backend.set_threads(s["threads"])
+    set_threads(s["threads"])
     model = GPT(GPTConfig(**{**CONFIG, "dtype": s["dtype"]}), seed=s["seed"])
     params = model.parameters()
     opt = AdamW(params, lr=s["lr"], betas=(0.9, 0.95))

@@ -6,6 +6,7 @@ choice of implementation; a blockwise model's O(T) bias state, state dict and tr
 import numpy as np
 import pytest
 
+from nanospa.run import threads as cpu
 from nanospa import GPT, fused
 from nanospa.beyond.blockwise import (AUTO_BLOCK, AUTO_DENSE_MAX_T, BlockwiseAttention, block_size,
                                causal_attention, implementation)
@@ -252,13 +253,13 @@ def test_the_benchmark_yardstick_sees_the_dense_bias_of_a_blockwise_model():
 
 
 def test_worker_threads_split_the_blocks_without_changing_the_result():
-    """From the main thread with backend.threads() = 2 the blocks are split between two
+    """From the main thread with run/threads.threads() = 2 the blocks are split between two
     workers: Y, dK, dV and the bias gradient are the serial ones bit for bit, dQ (a sum of
-    two partials) to rounding, and two threaded runs agree bit for bit. backend.balanced_groups balances
+    two partials) to rounding, and two threaded runs agree bit for bit. run/threads.balanced_groups balances
     the work (query block a costs a + 1 key blocks) and covers every block once."""
     from nanospa import backend
     from nanospa.beyond.blockwise import _workers
-    _groups = backend.balanced_groups
+    _groups = cpu.balanced_groups
     rng = np.random.default_rng(10)
     arrays = [normal(rng, 2, 2, 23, 3) for _ in range(3)] + [normal(rng, 23, 23)]
 
@@ -269,12 +270,12 @@ def test_worker_threads_split_the_blocks_without_changing_the_result():
         return [y.data] + [t.grad for t in ts]
 
     serial = run()
-    previous = backend.set_threads(2)
+    previous = cpu.set_threads(2)
     try:
         assert _workers(6) == 2 and _workers(1) == 1
         threaded, again = run(), run()
     finally:
-        backend.set_threads(previous)
+        cpu.set_threads(previous)
     for i in (0, 2, 3, 4):
         np.testing.assert_array_equal(threaded[i], serial[i])
     np.testing.assert_allclose(threaded[1], serial[1], rtol=0, atol=1e-15)

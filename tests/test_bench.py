@@ -41,18 +41,16 @@ def test_bench_command_runs_on_a_tiny_configuration():
         assert 0 < nano["peak_mem_bytes"] < nano["process_peak_rss_bytes"]
 
 
-def test_bench_plain_mode_times_the_users_own_loop():
-    """--cpu_threading=plain: an n-thread BLAS and no thread setting, so a call big enough
-    (B T C >= backend.AUTO_SLICE_MIN_WORK) trains on the engine's automatic slices."""
+def test_bench_blas_mode_times_the_users_own_loop():
+    """--cpu_threading=blas: one thread over an n-thread BLAS, what a plain loop gets."""
     cmd = [sys.executable, "-m", "nanospa.bench", "--config=tiny", "--steps=1", "--warmup=1", "--threads=2",
-           "--cpu_threading=plain", "--torch=no", "--gemm_n=64", "--settle=0", "--n_layer=1", "--no_memory=True",
+           "--cpu_threading=blas", "--torch=no", "--gemm_n=64", "--settle=0", "--n_layer=1", "--no_memory=True",
            "--batch_size=8", "--block_size=64", "--n_embd=128", "--json"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     th = report["machine"]["threads"]
-    assert th["mode"] == "plain" and th["blas_threads"] == 2 and th["nanospa_threads"] == 1
-    assert str(backend.AUTO_SLICE_MIN_WORK) in th["auto_slices"]
+    assert th["mode"] == "blas" and th["blas_threads"] == 2 and th["nanospa_threads"] == 1
     assert report["results"][0]["frameworks"]["nanospa"]["tokens_per_s"] > 0
 
 
@@ -69,7 +67,7 @@ def test_bench_rejects_unknown_configuration(capsys):
     (["--threads=0"], "--threads must be >= 1, got 0"),
     (["--warmup=-1"], "--warmup must be >= 0, got -1"),
     (["--device=tpu"], "--device=tpu: one of cpu, cuda"),
-    (["--cpu_threading=omp"], "--cpu_threading=omp: one of shards, blas, plain"),
+    (["--cpu_threading=omp"], "--cpu_threading=omp: one of shards, blas"),
     (["--config=tiny", "--n_head=3", "--torch=no", "--no_memory", "--steps=1", "--warmup=0", "--gemm_n=8",
       "--settle=0"], "GPTConfig.n_embd=32 is not divisible by n_head=3"),
     (["--n_layer=0"], "GPTConfig.n_layer must be a positive integer, got 0"),       # before any timing

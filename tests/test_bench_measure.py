@@ -3,6 +3,7 @@ their overrides, the token batch, the GEMM probe's count, the alternating timed 
 (with stand-in steps: no time is asserted), and one real nanospa step."""
 import numpy as np
 
+from nanospa.run import threads as cpu
 from nanospa import GPT, GPTConfig, backend
 from nanospa.bench.measure import (ARCH, CONFIGS, GemmProbe, NanospaStep, make_batch, make_config, model_flops,
                                    time_steps)
@@ -35,14 +36,14 @@ def test_batch_targets_are_the_next_tokens():
 
 
 def test_gemm_probe_counts_one_product_per_worker_thread():
-    threads = backend.thread_setting()
+    threads = cpu.threads()
     try:
-        backend.set_threads(2)
+        cpu.set_threads(2)
         probe = GemmProbe(16, "float32")
         assert probe.flops == 2.0 * 16 ** 3 * 2 and probe.nbytes == 4 * 16 * 16 * 4
         assert probe() > 0
     finally:
-        backend.set_threads(threads)
+        cpu.set_threads(threads)
 
 
 class Stub:

@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 from conftest import DEVICES, tiny_config
 
+from nanospa.run import threads as cpu
 from nanospa import GPT, AdamW, Tensor, backend
 from nanospa.beyond import kfac
 from nanospa.fused import cross_entropy
 from nanospa.nn import Linear, Module
-from nanospa.optim import KFAC, clip_grad_norm
+from nanospa.beyond.kfac import KFAC
+from nanospa.optim import clip_grad_norm
 
 LAM = 1e-3
 
@@ -227,13 +229,13 @@ def test_threads_give_the_same_factors():
     x, y = np.random.default_rng(2).integers(0, cfg.vocab_size, size=(2, 4, cfg.block_size))
     out = []
     for n in (1, 2):
-        previous = backend.set_threads(n)
+        previous = cpu.set_threads(n)
         try:
             opt = KFAC(GPT(cfg, seed=0), stats_fraction=1.0)
             opt.update_curvature(x, y)
             out.append([opt.factors(i) for i in range(len(opt.blocks))])
         finally:
-            backend.set_threads(previous)
+            cpu.set_threads(previous)
     for (a1, g1), (a2, g2) in zip(*out):
         np.testing.assert_allclose(a1, a2, rtol=1e-12, atol=1e-15)
         np.testing.assert_allclose(g1, g2, rtol=1e-12, atol=1e-15)

@@ -16,7 +16,9 @@ from nanospa.gradcheck import check_directions, check_jacobian, tensor64
 from nanospa.nn import LayerNorm
 from nanospa.beyond.norms import BN_MOMENTUM, BatchNorm, BatchNormOp, GroupNorm, PRepBN, batch_stats
 from nanospa.optim import AdamW
-from nanospa.tensor import Tensor, sharded_backward
+from nanospa.run import threads as cpu
+from nanospa.run.threads import sharded_backward
+from nanospa.tensor import Tensor
 
 from test_model import perturb  # the shared random move off the initialisation
 from test_train import _cache, read_log, run, text_file  # noqa: F401  (fixtures and helpers)
@@ -212,11 +214,11 @@ def test_threaded_slices_use_their_own_statistics_deterministically():
 
     def step(threads):
         model = GPT(cfg, seed=0)
-        previous = backend.set_threads(threads)
+        previous = cpu.set_threads(threads)
         try:
             loss = sharded_backward(lambda x, y: model(x, y)[1], idx, tg)
         finally:
-            backend.set_threads(previous)
+            cpu.set_threads(previous)
         model.after_step()
         return model, loss.item()
 

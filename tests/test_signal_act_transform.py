@@ -45,11 +45,12 @@ def _rule(t):
 
 def _conditions(t):
     """Q(1), Q'(1), C(0), C'(1), C''(1) of phi_hat = t, using phi_hat' = s a phi'(a x + b)
-    from the derivative table (checked by finite differences in test_signal_activations.py)."""
+    from the registry (checked against the engine and finite differences in test_activations.py)."""
     Z, W = _rule(t)
     a, b, s = t.get("input_scale", 1.0), t.get("input_shift", 0.0), t.get("output_scale", 1.0)
     kw = {"negative_slope": t["negative_slope"]} if "negative_slope" in t else {}
-    d1, d2 = ACTIVATIONS[t.activation].d12(a * Z + b, np, **kw)
+    base = ACTIVATIONS[t.activation]
+    d1, d2 = base.d1(a * Z + b, np, **kw), base.d2(a * Z + b, np, **kw)
     f, f1, f2 = t(Z), s * a * d1, s * a * a * d2
     Q1 = W @ (f * f)
     return dict(Q1=Q1, Qslope=W @ (f * f1 * Z), C0=(W @ f) ** 2 / Q1,

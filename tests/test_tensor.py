@@ -1,4 +1,4 @@
-"""nanospa/tensor.py: the graph of Functions, backward, no_grad, sharded_backward.
+"""nanospa/tensor.py: the graph of Functions, backward, no_grad (and run/threads.sharded_backward).
 
 Graph mechanics (no recursion limit, fan-out and repeated backward accumulate, the graph
 freed as it is used, unsaved intermediates freed before backward, shared gradient arrays
@@ -15,7 +15,8 @@ import pytest
 from conftest import perturbed_model, tiny_config
 from nanospa import GPT, Tensor, backend, no_grad
 from nanospa.gradcheck import tensor64
-from nanospa.tensor import sharded_backward
+from nanospa.run import threads as cpu
+from nanospa.run.threads import sharded_backward
 
 
 def normal(*shape, seed=0):
@@ -105,9 +106,9 @@ def test_shared_gradient_arrays_are_never_written_in_place():
 
 @pytest.fixture
 def two_threads():
-    previous = backend.set_threads(2)
+    previous = cpu.set_threads(2)
     yield
-    backend.set_threads(previous)
+    cpu.set_threads(previous)
 
 
 @pytest.mark.parametrize("batch", [3, 4])

@@ -20,6 +20,7 @@ import pytest
 
 import train
 from nanospa import backend
+from nanospa.run import threads as cpu
 from nanospa.run import checkpoint
 from nanospa.run.checkpoint import load_checkpoint
 from nanospa.config import GPTConfig
@@ -248,13 +249,13 @@ def test_threads_train_slices_of_the_batch_with_the_same_result(tmp_path, text_f
     assert [r["iter"] for r in one] == [r["iter"] for r in two] == list(range(7))
     np.testing.assert_allclose([r["train_loss"] for r in two], [r["train_loss"] for r in one], rtol=1e-12)
     assert one[-1]["train_loss"] < one[0]["train_loss"] - 0.05    # it did train
-    assert backend.threads() == 1                                   # restored for the caller
+    assert cpu.threads() == 1                                       # restored for the caller
 
 
 def test_threads_zero_is_one_per_core_capped():
-    assert backend.cpu_threads(3, batch_size=16) == 3
-    assert backend.cpu_threads(8, batch_size=2) == 2
-    assert 1 <= backend.cpu_threads(0, batch_size=16) <= 4
+    assert cpu.cpu_threads(3, batch_size=16) == 3
+    assert cpu.cpu_threads(8, batch_size=2) == 2
+    assert 1 <= cpu.cpu_threads(0, batch_size=16) <= 4
 
 
 def test_lr_schedule_is_warmup_then_cosine(tmp_path, text_file):

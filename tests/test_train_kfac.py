@@ -1,11 +1,12 @@
 """train.py --optimizer=kfac: settings, a run that trains, exact resume, and the factors
-averaged over MPI ranks (nanospa/beyond/optimizers.py wires nanospa.optim.KFAC into the loop)."""
+averaged over MPI ranks (nanospa/beyond/optimizers.py wires nanospa.beyond.kfac.KFAC into the loop)."""
 import numpy as np
 import pytest
 
 import train
 from nanospa import GPT, GPTConfig
-from nanospa.optim import KFAC, AdamW
+from nanospa.beyond.kfac import KFAC
+from nanospa.optim import AdamW
 from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, make_optimizer
 
 from test_distributed import RTOL, log_losses, needs_mpi, run_train

@@ -21,11 +21,10 @@ t_pytorch / t_nanospa: a speed ratio, > 1 when nanospa is faster, in which drift
 machine cancels.
 
 Threads (CPU): ``--threads=n`` (default 2). nanospa runs n worker threads, each training a
-slice of the batch (tensor.sharded_backward: same loss and gradients, summed in a fixed
-order), with single-threaded BLAS; ``--cpu_threading=blas`` runs one thread with an n-thread
-BLAS instead, and ``--cpu_threading=plain`` what a user's own loop gets with no setting: an
-n-thread BLAS and the engine's automatic slices (backend.auto_slices: a big enough call trains
-on batch slices at once, BLAS held at one thread meanwhile, nanospa/run/blas.py). BLAS threads are set through OPENBLAS_NUM_THREADS, by re-running the command
+slice of the batch (run/threads.sharded_backward: same loss and gradients, summed in a fixed
+order), with single-threaded BLAS, as train.py does; ``--cpu_threading=blas`` runs one thread
+with an n-thread BLAS instead: what a user's own loop ``model(idx, targets);
+loss.backward(); opt.step()`` gets. BLAS threads are set through OPENBLAS_NUM_THREADS, by re-running the command
 with it set before NumPy loads (or, when main() is called from Python, with threadpoolctl if
 installed). PyTorch gets torch.set_num_threads(n). The GEMM peak is measured the same way as
 nanospa runs: n single-threaded products at once, or one n-thread product. OpenBLAS also
@@ -38,8 +37,8 @@ field (and batch_size) is a setting too: set explicitly, it overrides every conf
 e.g. --n_layer=24 --batch_size=4. Bad settings: one ``error:`` line, exit status 2.
 
 The benchmark is not a test: tests/test_bench.py runs it once on a tiny configuration.
-Not here: the timing and FLOP count (bench_measure.py), memory probes (bench_memory.py), the
-printed report (bench_report.py), the PyTorch model (bench_torch.py).
+Not here: the timing and FLOP count (measure.py), memory probes (memory.py), the printed
+report (report.py), the PyTorch model (yardstick.py).
 """
 import datetime
 import gc
@@ -51,7 +50,7 @@ from dataclasses import fields
 import numpy as np
 
 from .. import backend
-from ..run import blas as blas_module
+from ..run.threads import set_threads, threads
 from .measure import (CONFIGS, GemmProbe, KfacStep, NanospaStep, TorchStep, kfac_flops, make_batch,
                             make_config, model_flops, time_steps)
 from .memory import gpu_peaks, measure_cpu, probe_line, reset_gpu, status_bytes
@@ -68,7 +67,7 @@ BENCH_DEFAULTS = dict(
     device="cpu",              # cpu | cuda
     dtype="float32",           # float32 | float64
     threads=2,                 # CPU threads for both frameworks
-    cpu_threading="shards",    # shards: n threads on batch slices, 1-thread BLAS | blas: one thread, n-thread BLAS | plain: as a user's own loop gets (n-thread BLAS, the engine's automatic slices)
+    cpu_threading="shards",    # shards: n threads on batch slices, 1-thread BLAS (train.py) | blas: one thread, n-thread BLAS (a plain loop)
     steps=10,                  # timed steps per framework
     warmup=2,                  # untimed steps per framework first
     gemm_n=0,                  # GEMM peak matrix size; 0 = 2048 on the CPU, 8192 on a GPU
@@ -89,7 +88,7 @@ MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "dtype"]   # dtype 
 KFAC_DEFAULTS = {k: OPTIMIZER_DEFAULTS[k] for k in KFAC_KEYS}   # --kfac_*: as train.py's
 DEFAULTS = {**BENCH_DEFAULTS, **PROBE_DEFAULTS, **KFAC_DEFAULTS, **{f.name: f.default for f in fields(GPTConfig)
                                                   if f.name in MODEL_KEYS}}
-CHOICES = dict(device=("cpu", "cuda"), dtype=("float32", "float64"), cpu_threading=("shards", "blas", "plain"),
+CHOICES = dict(device=("cpu", "cuda"), dtype=("float32", "float64"), cpu_threading=("shards", "blas"),
                torch=("auto", "no"), memory_probe=("", "nanospa", "pytorch", "nanospa_kfac"))
 GEMM_N = dict(cpu=2048, cuda=8192)   # --gemm_n=0: the GEMM probe's size per device
 
@@ -145,12 +144,12 @@ def _threadpoolctl():
 
 def configure_cpu_threads(n, mode, argv=None):
     """nanospa threads and BLAS threads for ``--threads=n``: mode "shards" is n worker
-    threads (backend.set_threads) over single-threaded BLAS, mode "blas" one thread over an
-    n-thread BLAS, mode "plain" an n-thread BLAS and no thread setting (automatic slices). BLAS threads are fixed by OPENBLAS_NUM_THREADS: when ``argv`` (the command
+    threads (run/threads.set_threads) over single-threaded BLAS, mode "blas" one thread over an
+    n-thread BLAS. BLAS threads are fixed by OPENBLAS_NUM_THREADS: when ``argv`` (the command
     line) is given and the variable differs, the command is re-run with it set before NumPy
     loads; otherwise threadpoolctl changes them if installed. Returns what was set."""
     blas = 1 if mode == "shards" else n
-    backend.set_threads(dict(shards=n, blas=1, plain=None)[mode])   # None: backend.auto_slices decides
+    set_threads(n if mode == "shards" else 1)
     how = "OPENBLAS_NUM_THREADS"
     if os.environ.get("OPENBLAS_NUM_THREADS") != str(blas):
         if argv is not None:
@@ -160,10 +159,7 @@ def configure_cpu_threads(n, mode, argv=None):
         how = "threadpoolctl" if tpc is not None else "not set (no threadpoolctl)"
         if tpc is not None:
             tpc.ThreadpoolController().select(internal_api="openblas").limit(limits=blas)
-    info = dict(mode=mode, nanospa_threads=backend.threads(), blas_threads=blas, blas_threads_set_by=how)
-    if mode == "plain":
-        info["auto_slices"] = "when a call has B T C >= %d and nanospa can hold BLAS at one thread (%s)" % (
-            backend.AUTO_SLICE_MIN_WORK, "it can" if blas_module.threads() is not None else "it cannot here")
+    info = dict(mode=mode, nanospa_threads=threads(), blas_threads=blas, blas_threads_set_by=how)
     tpc = _threadpoolctl()
     if tpc is not None:
         info["libraries"] = [{k: d.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
@@ -304,11 +300,11 @@ def main(argv=None):
     if wants_help(argv):
         print(usage())
         return 0
-    threads = backend.thread_setting()                # run() sets its own; restored for callers
+    previous = threads()                              # run() sets its own; restored for callers
     try:
         return run_command(bench, argv, reexec)
     finally:
-        backend.set_threads(threads)
+        set_threads(previous)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from .. import backend
 from ..config import GPTConfig
 from ..optim import AdamW
 from ..signal.attn_bias import bias_block
-from ..tensor import sharded_backward
+from ..run.threads import parallel_map, sharded_backward, threads
 
 # name -> (GPTConfig fields, batch size). "ref" is the reference configuration of the README.
 CONFIGS = {
@@ -216,7 +216,7 @@ class GemmProbe:
         rng = np.random.default_rng(GEMM_SEED)
         self.a = backend.asarray(rng.standard_normal((n, n)).astype(dtype))  # no device temporary
         self.b = backend.asarray(rng.standard_normal((n, n)).astype(dtype))
-        self.outs = [xp.empty((n, n), dtype=dtype) for _ in range(backend.threads())]
+        self.outs = [xp.empty((n, n), dtype=dtype) for _ in range(threads())]
         self.flops = 2.0 * n ** 3 * len(self.outs)
         self.nbytes = (2 + len(self.outs)) * self.a.nbytes
         self.xp = xp
@@ -224,7 +224,7 @@ class GemmProbe:
     def __call__(self):
         backend.synchronize()
         t = time.perf_counter()
-        backend.parallel_map(lambda out: self.xp.matmul(self.a, self.b, out=out), self.outs)
+        parallel_map(lambda out: self.xp.matmul(self.a, self.b, out=out), self.outs)
         backend.synchronize()
         return self.flops / (time.perf_counter() - t)
 

@@ -54,7 +54,8 @@ def measure_cpu(framework, argv):
 
 def gpu_peaks(torch, probe_bytes):
     """{framework: peak bytes} on the GPU after a configuration's steps."""
-    peaks = dict(nanospa=backend.memory_pool_bytes() - probe_bytes)
+    cp = backend.cupy()
+    peaks = dict(nanospa=int(cp.get_default_memory_pool().total_bytes()) - probe_bytes)
     if torch is not None:
         peaks["pytorch"] = int(torch.cuda.max_memory_reserved())
     return peaks
@@ -62,7 +63,9 @@ def gpu_peaks(torch, probe_bytes):
 
 def reset_gpu(torch):
     """Free cached blocks and peak statistics, so that a configuration counts its own memory."""
-    backend.free_memory_pool()
+    cp = backend.cupy()
+    if cp is not None:
+        cp.get_default_memory_pool().free_all_blocks()
     if torch is not None:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()

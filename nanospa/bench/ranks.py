@@ -38,7 +38,7 @@ from ..run.distributed import world as get_world
 from ..model import GPT
 from ..optim import AdamW
 from ..run.settings import SettingsError, fail, help_text, parse_settings, source_notes, wants_help
-from ..tensor import sharded_backward
+from ..run.threads import set_threads, sharded_backward
 
 DEFAULTS = dict(
     config="ref",              # a configuration of bench_measure.CONFIGS
@@ -66,7 +66,7 @@ def worker(s):
     world = get_world()
     cfg, B = make_config(s["config"], {}, s["dtype"])
     world.check_batch(B)
-    backend.set_threads(s["threads"])
+    set_threads(s["threads"])
     model = GPT(cfg, seed=0)
     params = model.parameters()
     opt = AdamW(params, **OPTIM)

@@ -70,8 +70,7 @@ def format_report(report):
         lines.append(f"threads: nanospa {th['nanospa_threads']} x BLAS {th['blas_threads']} "
                      f"({th['mode']}; BLAS threads by {th['blas_threads_set_by']})"
                      + (f"; numpy's OpenBLAS {blas[0]['version']} kernel {blas[0]['architecture']}" if blas else "")
-                     + f"; OPENBLAS_CORETYPE={m['env']['OPENBLAS_CORETYPE']}"
-                     + (f"; automatic slices {th['auto_slices']}" if th.get("auto_slices") else ""))
+                     + f"; OPENBLAS_CORETYPE={m['env']['OPENBLAS_CORETYPE']}")
     for r in report["results"]:
         c, f = r["gpt_config"], r["model_flops"]
         lines.append("")

@@ -25,11 +25,11 @@ Backward recomputes P = exp(S - lse) block by block, with Delta = rowsum(dY * Y)
     dQ_I += scale dS K_J;   dK_J += scale dS^T Q_I;   dB[I, J] += sum over batch, heads of dS
 
 Saved: scale Q, K, V, Y and lse, O(B H T D) numbers; each step holds a few (B, H, bq, bk)
-blocks. Called from the main thread with backend.threads() = k > 1, the query blocks (forward)
+blocks. Called outside the worker threads with run/threads.threads() = k > 1, the query blocks (forward)
 and the key blocks (backward) are split into k groups of equal work run on the worker
 threads: the rows of Y and the columns of dK, dV are disjoint, dQ is summed from one partial
 per group in group order, so results do not depend on thread timing; from a worker thread
-(a slice of tensor.sharded_backward) it runs serially.
+(a slice of run/threads.sharded_backward) it runs serially.
 
 The bias is a (T_max, T_max) array input (a trainable B_l, which gets its gradient;
 T_max >= T), a function bias_block(i0, i1, j0, j1) returning that block of a constant bias
@@ -43,10 +43,8 @@ slow the products.
 Not here: the dense reference (fused.Softmax on the full (T, T) scores, which model.py uses
 at short T and for trace()), where the bias comes from (model.py, nanospa.signal).
 """
-import threading
-
-from .. import backend
 from ..fused import causal_mask
+from ..run.threads import balanced_groups, in_worker, parallel_map, threads
 from ..tensor import Function
 
 AUTO_BLOCK = 256        # block 0: min(T, AUTO_BLOCK) rows and columns per block
@@ -73,12 +71,12 @@ def _blocks(T, n):
 
 
 def _workers(n_blocks):
-    """Worker threads for one call: backend.threads() from the main thread (a batch of one
-    sequence in train.py or the benchmark leaves the other cores idle otherwise), 1 inside
-    a worker thread (tensor.sharded_backward's slices already use them all)."""
-    if threading.current_thread() is not threading.main_thread():
+    """Worker threads for one call: run/threads.threads() outside the workers (a batch of one
+    sequence in train.py or the benchmark leaves the other cores idle otherwise), 1 on a
+    worker (sharded_backward's slices already use them all)."""
+    if in_worker():
         return 1
-    return max(1, min(backend.threads(), n_blocks))
+    return max(1, min(threads(), n_blocks))
 
 
 def _flush(p, xp):
@@ -133,7 +131,7 @@ class BlockwiseAttention(Function):
                 lse[..., i0:i1] = m + xp.log(l)
 
         costs = [a + 1 for a in range(len(rows))]                          # row block a sees a + 1 blocks
-        backend.parallel_map(run, backend.balanced_groups(costs, _workers(len(rows))))
+        parallel_map(run, balanced_groups(costs, _workers(len(rows))))
         ctx.save(qs, k, v, y, lse, bias)
         ctx.scale, ctx.block, ctx.bias_block = scale, n, bias_block
         return y
@@ -167,7 +165,7 @@ class BlockwiseAttention(Function):
             return dq
 
         costs = [len(cols) - b for b in range(len(cols))]                  # key block b, len(cols) - b rows
-        parts = backend.parallel_map(run, backend.balanced_groups(costs, _workers(len(cols))))
+        parts = parallel_map(run, balanced_groups(costs, _workers(len(cols))))
         dq = parts[0]
         for part in parts[1:]:                                             # in worker order:
             dq += part                                                     # no timing dependence

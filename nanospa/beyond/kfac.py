@@ -34,7 +34,9 @@ import numpy as np
 
 from .. import backend
 from ..nn import Linear
-from ..tensor import Function, no_grad, slice_bounds
+from ..optim import adamw_update
+from ..run.threads import parallel_map, slice_bounds, threads
+from ..tensor import Function, no_grad
 
 FISHER_MODES = ("sampled", "empirical", "exact")
 DAMPING_MODES = ("factored", "exact")
@@ -219,7 +221,7 @@ class KFAC:
     def update_curvature(self, idx, targets=None):
         """One curvature pass on the first stats_fraction of the batch's sequences: forward,
         output gradients of the sampled (or given, or every) targets, backward into the
-        captures only; then the moving averages of A and G. Slices run on backend.threads()
+        captures only; then the moving averages of A and G. Slices run on run/threads.threads()
         workers and are added in slice order (deterministic); ``.grad`` is left alone."""
         n = len(idx)
         m = max(1, int(round(n * self.stats_fraction)))
@@ -231,7 +233,7 @@ class KFAC:
         # Uniforms for the sampled targets depend on (seed, step) only: not on the slicing,
         # and a resumed run draws what the uninterrupted one drew.
         u = np.random.default_rng([self.seed, self.t]).random(int(np.prod(idx.shape)))
-        k = max(1, min(m, backend.threads()))
+        k = max(1, min(m, threads()))
         bounds = slice_bounds(m, k)
 
         def run(s):
@@ -244,7 +246,7 @@ class KFAC:
             return stats
 
         total = {}
-        for stats in backend.parallel_map(run, range(k)):   # slice order
+        for stats in parallel_map(run, range(k)):   # slice order
             for key, sums in stats.items():
                 total.setdefault(key, _Sums()).add(sums)
         batch = []
@@ -365,7 +367,7 @@ class KFAC:
                 xp = backend.xp_of(p.data)
                 self.m[i], self.v[i] = xp.zeros_like(p.data), xp.zeros_like(p.data)
             decay = 1.0 - lr * self.weight_decay if not getattr(p, "no_decay", False) else 1.0
-            backend.adamw_update(p.data, p.grad, self.m[i], self.v[i], self.b1, self.b2, lr / c1,
+            adamw_update(p.data, p.grad, self.m[i], self.v[i], self.b1, self.b2, lr / c1,
                                  self.adam_eps, 1.0 / c2, decay)
 
     # ---- checkpoints -----------------------------------------------------------------

@@ -17,7 +17,7 @@ Running statistics move once per optimiser step (after_step), not per forward: t
 training forwards of a step record their (count, mean, var); after_step averages them,
 weighted by count, in an order fixed by their values (not by which worker thread finished
 first), and updates running <- (1 - momentum) running + momentum average. With threads
-(tensor.sharded_backward) or MPI ranks each slice normalises by its own batch statistics,
+(run/threads.sharded_backward) or MPI ranks each slice normalises by its own batch statistics,
 as per-device BatchNorm does: the loss depends on how the batch is split, deterministically.
 Under MPI every rank keeps its own running statistics (rank 0's are checkpointed).
 

@@ -48,7 +48,8 @@ def make_optimizer(s, model, seed=0, rank=0, allreduce=None):
     """The optimiser `s` names for `model`: AdamW or KFAC. ``allreduce`` (K-FAC): the
     World's allreduce_grads when several ranks train (the factors are averaged over them);
     each rank draws its own sampled targets (seed + 1000 rank)."""
-    from ..optim import KFAC, AdamW
+    from ..optim import AdamW
+    from .kfac import KFAC
     check_optimizer(s)
     betas = (s["beta1"], s["beta2"])
     if s["optimizer"] == "adamw":       # parameters marked no_decay are never decayed

@@ -1,5 +1,5 @@
 """Does K-FAC close the deep vanilla transformer's gap? Vanilla E-SPA, vanilla standard
-attention and Pre-LN, each trained with AdamW and with K-FAC (nanospa.optim.KFAC,
+attention and Pre-LN, each trained with AdamW and with K-FAC (nanospa.beyond.kfac.KFAC,
 docs/kfac.md), at each one's best learning rate (and, for K-FAC, damping) from a grid.
 
     python -m nanospa.experiments kfac [--preset=quick|full|tiny] [--dampings=a,b] [--key=value ...]

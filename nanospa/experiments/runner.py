@@ -236,7 +236,6 @@ def _pool(workers):
 
 def _one_thread():
     from .. import backend
-    backend.set_threads(1)   # no backend.auto_slices in a worker: the processes use the cores
 
 
 def make_jobs(s, methods, configs):

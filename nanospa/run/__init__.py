@@ -7,6 +7,5 @@ benchmark and the experiments call these; the core (nanospa/*.py, nanospa/signal
     corpus.py       where the text of a dataset comes from, and its caches
     tokenizer.py    the byte-level BPE (the bpe extra)
     threads.py      explicit CPU parallelism: worker threads on slices of a batch
-    blas.py         NumPy's OpenBLAS thread count, read and set through ctypes
     distributed.py  data parallelism over MPI processes and NCCL GPUs (the mpi extra)
 """

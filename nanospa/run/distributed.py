@@ -30,7 +30,7 @@ here (collectives are non-blocking requests, tested every POLL_S seconds) and st
 one line naming it; if they have not all reached exit within EXIT_GRACE_S (a rank busy
 elsewhere, or blocked in an NCCL kernel), it calls MPI_Abort, which ends the job.
 
-Not here: the training loop (train.py), the threads inside a rank (tensor.sharded_backward),
+Not here: the training loop (train.py), the threads inside a rank (run/threads.py),
 devices and CuPy (backend.py), the measurement (distributed_bench.py).
 """
 import atexit
@@ -175,12 +175,15 @@ class World:
         and broadcasts over MPI. A no-op on the CPU. Collective."""
         if device != "cuda" or self.comm is None:
             return
-        count = backend.gpu_count()
+        cp = backend.cupy()
+        if not backend.cuda_available():
+            raise backend.DeviceError("device 'cuda' requested but CuPy sees no GPU")
+        count = cp.cuda.runtime.getDeviceCount()
         if count < self.local_size and count != 1:  # one GPU each: a scheduler may show each only its own
             raise DistributedError(f"{self.local_size} processes on this machine but {count} GPUs: "
                                    "start at most one process per GPU")
-        backend.select_gpu(self.local_rank if count >= self.local_size else 0)
-        nccl = backend.nccl()
+        cp.cuda.Device(self.local_rank if count >= self.local_size else 0).use()   # before any array
+        nccl = _nccl()
         uid = self.bcast(nccl.get_unique_id() if self.is_main else None)
         self._nccl = (nccl, nccl.NcclCommunicator(self.size, uid, self.rank))
 
@@ -282,7 +285,8 @@ class World:
                 raise DistributedError("gradients on the GPU need World.use_device('cuda') first (NCCL)")
             nccl, comm = self._nccl
             kind = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64}[flat.dtype]
-            comm.allReduce(flat.data.ptr, flat.data.ptr, flat.size, kind, nccl.NCCL_SUM, backend.stream_ptr())
+            comm.allReduce(flat.data.ptr, flat.data.ptr, flat.size, kind, nccl.NCCL_SUM,
+                           backend.cupy().cuda.get_current_stream().ptr)
             return bucket, flat, None     # queued on the stream: later work on it waits for it
         if self.nonblocking:
             return bucket, flat, self.comm.Iallreduce(self._MPI.IN_PLACE, flat, op=self._MPI.SUM)
@@ -343,3 +347,14 @@ class World:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
+
+
+def _nccl():
+    """CuPy's NCCL bindings (cupy.cuda.nccl); DeviceError when this CuPy build has none."""
+    try:
+        from cupy.cuda import nccl  # ships with CuPy; usable only where NCCL was found
+    except ImportError:
+        nccl = None
+    if nccl is None or not getattr(nccl, "available", True):
+        raise backend.DeviceError("this CuPy finds no NCCL library (install NCCL, e.g. pip install nvidia-nccl-cu12)")
+    return nccl

@@ -136,7 +136,7 @@ class ActivationTransform(Mapping):
         p = self.params
         a = p.get("input_scale", 1.0)
         kw = {"negative_slope": p["negative_slope"]} if "negative_slope" in p else {}
-        d1, _ = ACTIVATIONS[self.activation].d12(x * a + p.get("input_shift", 0.0), xp, **kw)
+        d1 = ACTIVATIONS[self.activation].d1(x * a + p.get("input_shift", 0.0), xp, **kw)
         return d1 * (a * p.get("output_scale", 1.0))
 
     def __repr__(self):
@@ -160,7 +160,7 @@ def _local(name, a, b, o):
     h = PhiHat(name, dict(input_scale=a, input_shift=b))
     Z, W = h.rule()
     x = a * Z + b
-    d1, d2 = h.base.d12(x, np, **h.kw)
+    d1, d2 = h.base.d1(x, np, **h.kw), h.base.d2(x, np, **h.kw)
     y, y1, y2 = h.base.fn(x, xp=np, **h.kw) + o, a * d1, a * a * d2     # phi_hat/s and derivatives
     s2 = 1.0 / (W @ (y * y))
     return dict(output_scale=math.sqrt(s2), C0=s2 * (W @ y) ** 2, Qslope=s2 * (W @ (y * y1 * Z)),
@@ -251,7 +251,7 @@ def activation_transform(activation, method, depth=None, *, zeta=None, eta=None,
     """Solve the DKS or TAT transform of `activation` for a network of `depth` phi_hat.
 
     activation: relu, leaky_relu, gelu (tanh approx.), gelu_exact, sigmoid, tanh,
-        softplus, elu, swish (identity only with method "none").
+        softplus, elu, swish (linear only with method "none").
     method: "dks", "tat", or None/"none" (untransformed: no parameters, phi_hat = phi).
     depth: L, phi_hat count on the longest path (= n_layer, one per MLP block).
     zeta (dks, default 1.5), eta (tat leaky_relu, 0.9), tau (tat smooth, 0.3): the
@@ -268,9 +268,9 @@ def activation_transform(activation, method, depth=None, *, zeta=None, eta=None,
         return _make(name, "none", depth, {})
     if m not in ("dks", "tat"):
         raise ValueError(f"method must be 'dks', 'tat' or 'none', got {method!r}")
-    if name in ("identity", "relu"):
+    if name in ("linear", "relu"):
         raise ValueError(f"{name} has no free parameter under {m.upper()}" + (
-            " (it is linear); use method 'none'" if name == "identity" else
+            " (it is linear); use method 'none'" if name == "linear" else
             " (it is leaky_relu with negative_slope 0); use 'leaky_relu'"))
     L, rb = check_depth(depth), check_residual_beta(residual_beta)
     zeta = DEFAULT_TARGETS["zeta"] if zeta is None else float(zeta)

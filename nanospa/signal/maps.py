@@ -132,7 +132,7 @@ class MLPMap:
 
     @property
     def is_identity(self):
-        return self.phi.activation == "identity"
+        return self.phi.activation == "linear"
 
     def __call__(self, Sigma):
         if self.maps is None:

@@ -1,0 +1,124 @@
+"""Explicit CPU parallelism: worker threads that train slices of a batch at once.
+
+NumPy releases Python's GIL inside its loops and inside BLAS, so k threads that each run
+the forward and backward of a slice of the batch keep k cores busy. Nothing in the core
+(nanospa/*.py) uses threads: a model call means the same whatever the batch size or the
+machine. Parallelism is asked for by name, by train.py's --threads, the benchmark's
+--threads and the ops that split their own work (beyond/blockwise.py, beyond/kfac.py),
+whose results do not depend on it beyond the order of a sum.
+
+    set_threads(n), threads()        the worker count (1 until set)
+    cpu_threads(requested, batch)    what --threads=0 means on this machine
+    parallel_map(fn, items)          [fn(x) for x in items] on the workers, in order
+    slice_bounds(n, k)               where k slices of n batch entries start and end
+    balanced_groups(costs, k)        k groups of near-equal cost, the same for the same input
+    sharded_backward(loss_fn, *batch)   one backward of a batch-mean loss, by slices
+
+Each worker should call single-threaded BLAS, or threads x BLAS threads compete for the
+cores: train.py sets OPENBLAS_NUM_THREADS=1 before NumPy loads (BLAS reads it once).
+"""
+import os
+import threading
+
+from ..tensor import Tensor
+
+MAX_AUTO_THREADS = 4   # cpu_threads(0, ...): one per core, at most this many
+_threads = 1
+_pools = {}            # worker count -> ThreadPoolExecutor
+_worker = threading.local()
+
+
+def threads():
+    """The worker count (set_threads); 1 until someone sets it."""
+    return _threads
+
+
+def set_threads(n):
+    """Use n worker threads for sharded_backward and the ops that split their work; returns
+    the previous count (hand it back to restore)."""
+    global _threads
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"threads must be a positive integer, got {n!r}")
+    previous, _threads = _threads, n
+    return previous
+
+
+def cpu_threads(requested, batch_size):
+    """A --threads setting: 0 means one per core this process may use, at most MAX_AUTO_THREADS
+    (the Python work between NumPy calls holds the GIL, so many threads on small slices stop
+    paying); never more threads than sequences in a batch."""
+    if requested == 0:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        requested = min(cores, MAX_AUTO_THREADS)
+    return max(1, min(requested, batch_size))
+
+
+def in_worker():
+    """True on one of the worker threads (their work is never split again)."""
+    return getattr(_worker, "active", False)
+
+
+def _mark_worker():
+    _worker.active = True
+
+
+def parallel_map(fn, items, workers=None):
+    """[fn(x) for x in items], on ``workers`` worker threads (default threads()) when there
+    are several; results in the order of items, exceptions re-raised here."""
+    items = list(items)
+    workers = _threads if workers is None else workers
+    if workers == 1 or len(items) < 2 or in_worker():
+        return [fn(x) for x in items]
+    if workers not in _pools:
+        from concurrent.futures import ThreadPoolExecutor
+        _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="nanospa", initializer=_mark_worker)
+    return list(_pools[workers].map(fn, items))
+
+
+def slice_bounds(n, k):
+    """Where k slices of n batch entries start and end: [0, ..., n], sizes differing by at
+    most one."""
+    return [n * s // k for s in range(k + 1)]
+
+
+def balanced_groups(costs, k):
+    """range(len(costs)) split into k groups of near-equal total cost, the same split for
+    the same arguments (snake order over the costs, largest first), each in ascending order:
+    how parallel_map's callers share work among k workers."""
+    groups = [[] for _ in range(k)]
+    for r, i in enumerate(sorted(range(len(costs)), key=lambda i: -costs[i])):
+        turn, pos = divmod(r, k)
+        groups[pos if turn % 2 == 0 else k - 1 - pos].append(i)
+    return [sorted(g) for g in groups if g]
+
+
+def sharded_backward(loss_fn, *batch, slices=None, weight=1.0):
+    """Back-propagate ``weight`` times the batch-mean loss ``loss_fn(*batch)`` in slices of
+    the batch (axis 0 of every array in ``batch``; default threads() slices), on the worker
+    threads. For a loss that is a mean over batch entries (cross-entropy over rows of equal
+    length),
+
+        L = sum_s (n_s / n) L_s,      dL/dtheta = sum_s (n_s / n) dL_s/dtheta,
+
+    so slice s back-propagates from L_s with upstream gradient weight n_s / n into a dict of
+    its own, and the dicts are added to the leaves' ``.grad`` in slice order: the result does
+    not depend on thread timing. Returns weight * L as a Tensor without a graph. With one
+    slice and weight 1 this is loss_fn(*batch).backward()."""
+    n = len(batch[0])
+    k = max(1, min(n, threads() if slices is None else slices))
+    bounds = slice_bounds(n, k)
+
+    def run(s):
+        lo, hi = bounds[s], bounds[s + 1]
+        loss = loss_fn(*(b[lo:hi] for b in batch))
+        w = weight * (hi - lo) / n
+        grads = {}
+        loss.backward(w, leaf_grads=grads)
+        return loss.data * w, grads
+
+    total = None
+    for value, grads in parallel_map(run, range(k)):  # results in slice order
+        for leaf, g in grads.items():
+            leaf.grad = g if leaf.grad is None else leaf.grad + g
+        total = value if total is None else total + value
+    return Tensor(total)
