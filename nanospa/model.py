@@ -11,26 +11,20 @@ A block is an attention sublayer then an MLP sublayer, combined as ``residual`` 
     residual="standard", N, pre      X' = X + MHA(N(X));          X_out = X' + MLP(N(X'))  (Pre-LN)
     residual="standard", N, post     X' = N(X + MHA(X));          X_out = N(X' + MLP(X'))  (Post-LN)
     residual="normalised"            X' = a X + b MHA(N(X)),  a^2 + b^2 = 1 (b = residual_beta)
-    residual="deepnorm", N, post     X' = N(alpha X + MHA(X)), alpha = (2L)^(1/4)   (schemes.py)
-    residual="ngpt"                  ngpt.Block: X' = Norm(X + alpha_A (Norm(MHA(X)) - X))  (ngpt.py)
-    residual_attention=True          RealFormer: the scores Q K^T / sqrt(D) + previous layer's (schemes.py)
 
-Attention (per head h; B_l, D_l fixed by nanospa.signal; dense or blockwise, see Attention):
+Attention (per head h; B_l, D_l fixed by nanospa.signal):
 
     softmax          P_h = softmax(Q_h K_h^T / sqrt(D) + causal mask)
     value_skipinit   A_h = alpha I + beta P_h        (alpha = 1, beta = 0 trainable)
     uspa / espa      A_h = diag(D_l) softmax(Q_h K_h^T / sqrt(D) + B_l + causal mask)
 
-Positions in the logits (pos; nanospa/beyond/positions.py, docs/positions.md): alibi adds -m_h (i - j)
-to head h's, rope rotates Q_h and K_h by position, spa_prior adds E-SPA's B_l without D_l.
-
-Initialisation, each in the constructor of the module it sets (method §2.4; [follow-up]:
-the paper's follow-up choice, [choice]: nanospa's documented choice):
+Initialisation, each in one visible line (method §2.4; [follow-up]: the paper's follow-up
+choice, [choice]: nanospa's documented choice):
 
     W^V, W^O         independent random orthogonal matrices                 [follow-up]
     W^Q              0 for E-SPA, U-SPA, Value-SkipInit (softmax: zero_query) [follow-up]
     W^K, head        N(0, 1/d)                                              [choice]
-    B_l, D_l         signal.attn_bias.layer_parts: O(T) closed-form parts     (method §7, §8)
+    B_l, D_l         signal.layer_bias(plan, l): espa_bias / uspa_bias     (method §7, §8)
     alpha, beta      1 and 0 (Value-SkipInit), trainable                    [follow-up]
     MLP W_1, W_2     orthogonal times max(sqrt(fan_out / fan_in), 1)         [choice, DKS/TAT]
     phi_hat          signal.activation_transform (DKS / TAT)                 (docs/activations.md)
@@ -40,33 +34,35 @@ Which gamma_L, eta and policy the numbers follow is the kernel budget's choice,
 signal.make_plan (docs/kernel_budget.md). This file computes no signal-propagation maths:
 it stores what nanospa.signal computed, cast to the model's dtype and device. All random
 draws come from the model's seeded numpy.random.Generator, on the host, in a fixed order.
-Shapes: B batch, T time, C = n_embd, H heads, D = C / H head width, V vocabulary.
+
+Beyond the paper (nanospa/beyond/, each reached by one ``if`` on the field that names it):
+attention by blocks at long T (attention_impl), positions in the logits (pos=alibi, rope,
+spa_prior), the norms DyT, BatchNorm, PRepBN, GroupNorm, DeepNorm and RealFormer
+(residual=deepnorm, residual_attention) and nGPT (residual=ngpt). A value this file does not
+know raises. Shapes: B batch, T time, C = n_embd, H heads, D = C / H head width, V vocabulary.
 """
 import math
 
 import numpy as np
 
-from .beyond import blockwise as attention
-from . import backend
-from . import fused
-from .beyond import ngpt, norms, positions, schemes
-from . import signal
-from .signal.attn_bias import bias_block, layer_parts
+from . import backend, fused, signal
+from .beyond import blockwise, ngpt, norms, positions, schemes
 from .functions import Shaped
-from .nn import DyT, Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, orthogonal
+from .nn import Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, orthogonal
 from .tensor import Tensor, no_grad
 
 MIN_TEMPERATURE = 1e-6  # generate(): temperature 0 means greedy; logits are divided by at least this
+SPA = ("uspa", "espa")
 
 
 def make_norm(cfg):
+    if cfg.norm == "none":
+        return None
     if cfg.norm == "layernorm":
         return LayerNorm(cfg.n_embd, dtype=cfg.dtype)
     if cfg.norm == "rmsnorm":
         return RMSNorm(cfg.n_embd, dtype=cfg.dtype)
-    if cfg.norm == "dyt":
-        return DyT(cfg.n_embd, alpha=signal.DYT_ALPHA, dtype=cfg.dtype)
-    return norms.build(cfg)  # batchnorm | prepbn | groupnorm (nanospa/beyond/norms.py), else None
+    return norms.build(cfg)  # dyt | batchnorm | prepbn | groupnorm; raises for any other name
 
 
 def weight(matrix, dtype):
@@ -75,14 +71,12 @@ def weight(matrix, dtype):
 
 
 class ShapedActivation:
-    """phi_hat(x) = output_scale * (phi(input_scale * x + input_shift) + output_shift), with
-    the parameters signal.activation_transform solved (a missing key skips its step; a
-    leaky ReLU takes negative_slope, LEAKY_RELU_SLOPE when plain). One fused op does the
-    whole map (functions.Shaped)."""
+    """phi_hat(x) = output_scale * (phi(input_scale * x + input_shift) + output_shift) with
+    the parameters of a solved signal.activation_transform (a missing key skips its step; a
+    leaky ReLU takes negative_slope). One op does the whole map (functions.Shaped)."""
 
-    def __init__(self, spec):
-        t = signal.activation_transform(**spec)      # DKS / TAT: docs/activations.md
-        self.base, self.method, self.params = spec["activation"], t.method, dict(t.params)
+    def __init__(self, t):
+        self.base, self.method, self.params = t.activation, t.method, dict(t.params)
         p = self.params
         self.options = dict(a=p.get("input_scale", 1.0), b=p.get("input_shift", 0.0),
                             s=p.get("output_scale", 1.0), o=p.get("output_shift", 0.0))
@@ -98,57 +92,46 @@ class ShapedActivation:
 
 
 class Attention(Module):
-    """Multi-head causal attention of one block. The attention itself runs densely (fused
-    softmax on the (B, H, T, T) scores: the readable reference, also used by trace()) or by
-    blocks (attention.BlockwiseAttention, O(B H T D) memory), as attention.implementation
-    resolves cfg.attention_impl for cfg.block_size. What a SPA block keeps of B_l follows:
+    """Multi-head causal attention of one block. ``bias`` is (parts, D_l) from
+    signal.layer_bias for SPA attention (or pos="spa_prior"'s B_l, whose D_l is not used),
+    else None. The dense path keeps B = tril(B_l) as a (T, T) buffer (a Parameter with
+    train_bias) and D_l as a (T,) buffer; the blockwise path (nanospa/beyond/blockwise.py,
+    long T) keeps B_l's O(T) parts and generates each block when it needs it."""
 
-        dense       the buffer B = tril(B_l), (T, T) in the model's dtype (in the state dict)
-        blockwise   B_l's O(T) parts (signal.attn_bias.layer_parts: float64 host vectors,
-                    a few per layer), each (query, key) block generated when needed; not in
-                    the state dict, since a fixed B_l is a function of the configuration
-        train_bias  the Parameter B, (T, T), either way: with its gradient and AdamW's two
-                    moments, 16 T^2 bytes per layer in float32 (1 GiB at T = 8192)
-
-    and D_l is the buffer D, (T,), always."""
-
-    def __init__(self, cfg, layer, plan, rng):
+    def __init__(self, cfg, bias, rng):
         super().__init__()
         C, H, dt = cfg.n_embd, cfg.n_head, cfg.dtype
+        if cfg.attention not in ("softmax", "value_skipinit") + SPA:
+            raise ValueError(f"Attention: unknown attention {cfg.attention!r}")
         self.n_head, self.kind, self.dtype = H, cfg.attention, dt
-        self.impl = attention.implementation(cfg.attention_impl, cfg.block_size)
-        if cfg.residual_attention:                                   # RealFormer carries (B, H, T, T)
-            self.impl = "dense"                                      # scores (config refuses blockwise)
-        self.block, self.bias_parts = cfg.attention_block, None
-        self.alibi, self.rope = positions.alibi_slopes(cfg), positions.rope_tables(cfg)  # docs/positions.md
         self.q = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)      # each Linear draws N(0, 1/C)
         self.k = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
         self.v = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
         self.proj = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
         self.v.weight.data = weight(orthogonal(rng, C, C), dt)       # W^V orthogonal
         self.proj.weight.data = weight(orthogonal(rng, C, C), dt)    # W^O orthogonal
-        self.qk_norm = ngpt.QKNorm(cfg) if cfg.residual == "ngpt" else None  # nGPT: unit q, k per head
         if cfg.attention != "softmax" or cfg.zero_query:
             self.q.weight.data = weight(np.zeros((C, C)), dt)        # W^Q = 0: A_l set by B_l, D_l
-        bias_plan = plan if cfg.attention in ("uspa", "espa") else plan.prior  # prior: pos="spa_prior"
-        if bias_plan is not None:
-            parts, D = layer_parts(bias_plan, layer)                 # A_l = diag(D_l) softmax(B_l)
-            T = cfg.block_size
-            if cfg.train_bias or self.impl == "dense":
-                # above the diagonal the causal mask decides; keep B finite there
-                B = np.tril(bias_block(parts, 0, T, 0, T))
-                if cfg.train_bias:
-                    self.B = Parameter(B, no_decay=True, dtype=dt)   # decaying a bias towards 0 is wrong
-                else:
-                    self.register_buffer("B", weight(B, dt))
-            else:
-                self.bias_parts = parts
-            if bias_plan is plan:                                    # the prior's D_l is not used
-                self.register_buffer("D", weight(D, dt))
         if cfg.attention == "value_skipinit":
             shape = (H, 1, 1) if cfg.skipinit_per_head else (1,)
             self.alpha = Parameter(np.ones(shape), no_decay=True, dtype=dt)
             self.beta = Parameter(np.zeros(shape), no_decay=True, dtype=dt)
+        self.B = self.bias_parts = None
+        self.impl = blockwise.implementation(cfg)                   # "dense" or "blockwise"
+        self.block = cfg.attention_block
+        self.alibi, self.rope = positions.alibi_slopes(cfg), positions.rope_tables(cfg)  # docs/positions.md
+        self.qk_norm = ngpt.QKNorm(cfg) if cfg.residual == "ngpt" else None  # nGPT: unit q, k per head
+        if bias is not None:
+            parts, D = bias                                          # A_l = diag(D_l) softmax(B_l)
+            T = cfg.block_size
+            if cfg.train_bias:                                       # finite above the diagonal
+                self.B = Parameter(np.tril(signal.bias_block(parts, 0, T, 0, T)), no_decay=True, dtype=dt)
+            elif self.impl == "dense":
+                self.register_buffer("B", weight(np.tril(signal.bias_block(parts, 0, T, 0, T)), dt))
+            else:
+                self.bias_parts = parts
+            if cfg.attention in SPA:                                 # the prior's D_l is not used
+                self.register_buffer("D", weight(D, dt))
 
     def forward(self, x, record=None, carry=None):
         B, T, C = x.shape
@@ -162,17 +145,16 @@ class Attention(Module):
         if self.qk_norm is not None:                                # nGPT: logits sqrt(D) q_hat . k_hat
             q, k, scale = self.qk_norm(q), self.qk_norm(k), self.qk_norm.scale(D)
         if self.impl == "blockwise" and record is None:             # (B, H, T, D), no (T, T) matrix
-            trained = self.B if isinstance(getattr(self, "B", None), Tensor) else None
+            trained = self.B if isinstance(self.B, Parameter) else None
             fixed = self.generated_bias if self.bias_parts is not None or self.alibi is not None else None
-            y = attention.causal_attention(q, k, v, scale, self.block, trained, fixed)
+            y = blockwise.causal_attention(q, k, v, scale, self.block, trained, fixed)
         else:
-            bias, causal = self.logit_bias(T)
             scores = q @ k.transpose(0, 1, 3, 2)                    # (B, H, T, T)
             if carry is not None:                                   # RealFormer: + S_{l-1}; B_l added fresh
                 scores, scale = schemes.carry_scores(carry, scores * scale), 1.0
-            P = fused.softmax(scores, bias, scale=scale, causal=causal)  # (B, H, T, T)
+            P = fused.softmax(scores, self.logit_bias(T), scale=scale, causal=True)  # (B, H, T, T)
             y = P @ v                                               # (B, H, T, D)
-        if self.kind in ("uspa", "espa"):
+        if self.kind in SPA:
             y = signal.rescale(y, self.D)                           # row i scaled by D_l[i]
         elif self.kind == "value_skipinit":
             y = v * self.alpha + y * self.beta                       # (alpha I + beta P) V
@@ -182,40 +164,25 @@ class Attention(Module):
         return self.proj(y)
 
     def logit_bias(self, T):
-        """What the dense path's softmax adds to the scaled logits, and whether it must still
-        add the causal mask: for a fixed B_l (SPA's, or the prior's) stored densely, and for
-        ALiBi, B_l[:T, :T] + ALiBi + mask (-inf above the diagonal), computed once per length
-        and cached (it holds B_l, so a new B_l from load_state_dict is seen); for a trainable
-        B_l, B_l itself (+ ALiBi); for a blockwise model's O(T) parts, B_l[:T, :T] (+ ALiBi)
-        generated now (-inf above the diagonal; trace() at small T); else nothing."""
-        if self.bias_parts is not None:
-            return Tensor(self.generated_bias(0, T, 0, T)), False
-        B = getattr(self, "B", None)
-        if isinstance(B, Tensor):
-            alibi = None if self.alibi is None else Tensor(self.generated_bias(0, T, 0, T))
-            return (B[:T, :T] if alibi is None else B[:T, :T] + alibi), True
-        if B is None and self.alibi is None:
-            return None, True
-        cache = self.__dict__.get("_logit_bias")
-        if cache is None or cache[0] is not B or cache[1].shape[-1] != T:
-            mask = fused.causal_mask(backend.xp_of(self.q.weight.data), T, self.dtype)
-            fixed = mask if B is None else B[:T, :T] + mask
-            if self.alibi is not None:
-                fixed = fixed + self.generated_bias(0, T, 0, T)     # (H, T, T)
-            cache = self._logit_bias = (B, Tensor(fixed))
-        return cache[1], False
+        """What the dense softmax adds to the scaled logits at T positions (the causal mask
+        is the softmax's): B_l[:T, :T] as stored, or generated from the O(T) parts, plus
+        ALiBi's -m_h (i - j) per head; None for neither."""
+        if self.bias_parts is not None or (self.alibi is not None and self.B is None):
+            return Tensor(self.generated_bias(0, T, 0, T))
+        if self.B is None:
+            return None
+        return self.B[:T, :T] if self.alibi is None else self.B[:T, :T] + Tensor(self.generated_bias(0, T, 0, T))
 
     def generated_bias(self, i0, i1, j0, j1):
-        """B_l[i0:i1, j0:j1] from the O(T) parts (signal.attn_bias.bias_block: float64 maths,
-        rounded once to the model's dtype), plus ALiBi's -m_h (i - j) per head when set
-        (positions.fixed_bias), on the model's device. On a GPU each block is made on the
-        host and copied over (no device generator yet: not profiled)."""
+        """B_l[i0:i1, j0:j1] from the O(T) parts (signal.bias_block: float64, rounded once to
+        the model's dtype), plus ALiBi's -m_h (i - j) per head when set, on the model's
+        device. On a GPU each block is made on the host and copied over."""
         return backend.asarray(positions.fixed_bias(self.bias_parts, self.alibi, i0, i1, j0, j1, self.dtype))
 
     def effective_attention(self, P, T):
         """The matrix that multiplies the values: diag(D) P (SPA), alpha I + beta P, or P."""
         xp = backend.xp_of(P)
-        if self.kind in ("uspa", "espa"):
+        if self.kind in SPA:
             return signal.rescale(P, self.D)
         if self.kind == "value_skipinit":
             return self.alpha.data * xp.eye(T, dtype=P.dtype) + self.beta.data * P
@@ -238,10 +205,12 @@ class MLP(Module):
 
 
 class Block(Module):
-    def __init__(self, cfg, layer, plan, act, rng):
+    def __init__(self, cfg, bias, act, rng):
         super().__init__()
+        if cfg.residual not in ("none", "standard", "normalised", "deepnorm"):
+            raise ValueError(f"Block: unknown residual {cfg.residual!r}")
         self.residual, self.position = cfg.residual, cfg.norm_position
-        self.attn = Attention(cfg, layer, plan, rng)
+        self.attn = Attention(cfg, bias, rng)
         self.mlp = MLP(cfg, act, rng)
         self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
         self.a, self.b = schemes.residual_weights(cfg)       # a x + b f(x): normalised, deepnorm
@@ -249,10 +218,7 @@ class Block(Module):
             schemes.deepnorm_init(self, cfg.n_layer)          # W^V, W^O, W_1, W_2 times beta
 
     def sublayer(self, x, f, norm, record=None, key=None):
-        if norm is not None and self.position == "pre":
-            h = f(norm(x))
-        else:
-            h = f(x)
+        h = f(norm(x)) if norm is not None and self.position == "pre" else f(x)
         if record is not None and key:
             record[key] = h.data
         if self.residual == "standard":
@@ -281,10 +247,12 @@ class GPT(Module):
         self.config = cfg
         rng = np.random.default_rng(seed)  # all init drawn on the host: same weights on CPU and GPU
         self.plan = signal.make_plan(cfg)  # the kernel budget: schedule, activation targets (float64)
-        act = ShapedActivation(self.plan.activation)
+        act = ShapedActivation(signal.activation_transform(**self.plan.activation))   # phi_hat: DKS / TAT
+        bias_plan = self.plan if cfg.attention in SPA else self.plan.prior            # prior: pos="spa_prior"
+        biases = [signal.layer_bias(bias_plan, l) if bias_plan is not None else None  # (B_l parts, D_l)
+                  for l in range(1, cfg.n_layer + 1)]
         C, dt = cfg.n_embd, cfg.dtype
-        nG = cfg.residual == "ngpt"                        # nGPT's own embedding, blocks, head (ngpt.py)
-        if nG:
+        if cfg.residual == "ngpt":                       # nGPT's own embedding, blocks, head (beyond/ngpt.py)
             self.wte = ngpt.Embedding(cfg.vocab_size, C, rng=rng, dtype=dt)
         else:
             self.wte = Embedding(cfg.vocab_size, C, std=math.sqrt(signal.token_variance(cfg.pos)), rng=rng, dtype=dt)
@@ -293,13 +261,15 @@ class GPT(Module):
             self.wpe = Embedding(cfg.block_size, C, std=math.sqrt(signal.POS_VARIANCE), rng=rng, dtype=dt)
         elif cfg.pos == "sinusoidal":
             self.register_buffer("pe", weight(signal.sinusoidal_encoding(cfg.block_size, C), dt))
-        self.blocks = [ngpt.Block(cfg, Attention(cfg, layer, self.plan, rng), act, rng) if nG
-                       else Block(cfg, layer, self.plan, act, rng) for layer in range(1, cfg.n_layer + 1)]
-        self.ln_f = make_norm(cfg) if cfg.uses_final_norm else None
-        if nG:
+        elif cfg.pos not in ("none",) + positions.IN_ATTENTION:
+            raise ValueError(f"GPT: unknown pos {cfg.pos!r}")
+        if cfg.residual == "ngpt":
+            self.blocks = [ngpt.Block(cfg, Attention(cfg, bias, rng), act, rng) for bias in biases]
             self.head = ngpt.Head(C, cfg.vocab_size, rng=rng, dtype=dt)
         else:
+            self.blocks = [Block(cfg, bias, act, rng) for bias in biases]
             self.head = Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
+        self.ln_f = make_norm(cfg) if cfg.uses_final_norm else None
 
     @property
     def activation(self):

@@ -11,8 +11,8 @@ A Module is in training mode unless ``eval()`` (or ``with module.evaluating():``
 otherwise; only layers whose statistics come from the batch read the flag (nanospa/beyond/norms.py).
 
 Here: Parameter, Module, orthogonal (the Haar-random matrix of the SPA initialisation),
-Linear, Embedding, LayerNorm, RMSNorm, DyT. Not here: the batch-statistics norms and
-GroupNorm (norms.py), the ops these layers call
+Linear, Embedding, LayerNorm, RMSNorm. Not here: DyT, the batch-statistics norms and
+GroupNorm (beyond/norms.py), the ops these layers call
 (functions.py, shape_ops.py, fused.py), and the attention and MLP blocks with their
 signal-propagation initialisation, which model.py writes over the default weights.
 """
@@ -209,18 +209,3 @@ class RMSNorm(Module):
 
     def forward(self, x):
         return rms_norm(x, self.weight, self.eps)
-
-
-class DyT(Module):
-    """Dynamic tanh, a normalisation-free replacement for LayerNorm: w * tanh(a x) + b with a
-    learnable scalar a. Its initial value ``alpha`` has no default: it is a model choice
-    (nanospa.signal's DYT_ALPHA, which the signal-propagation predictions also use)."""
-
-    def __init__(self, dim, alpha, dtype="float32"):
-        super().__init__()
-        self.alpha = Parameter(np.full((1,), alpha), dtype=dtype, no_decay=True)
-        self.weight = Parameter(np.ones(dim), dtype=dtype, no_decay=True)
-        self.bias = Parameter(np.zeros(dim), dtype=dtype, no_decay=True)
-
-    def forward(self, x):
-        return (x * self.alpha).tanh() * self.weight + self.bias

@@ -78,8 +78,8 @@ def plan_layers(plan, T):
     """[(B_l, D_l)] of a plan, whatever the plan's layout (recorded through the public accessor
     when it exists, else the layer dicts of the first design)."""
     from nanospa import signal
-    if hasattr(signal, "layer_bias"):
-        return [signal.layer_bias(plan, l, T) for l in range(1, len(plan.schedule))]
+    if hasattr(signal, "dense_layer_bias"):
+        return [signal.dense_layer_bias(plan, l, T) for l in range(1, len(plan.schedule))]
     return [(layer["B"], layer["D"]) for layer in plan.layers]
 
 

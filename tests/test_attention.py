@@ -3,6 +3,8 @@
 (fused.softmax on the full scores), alone and inside whole models of every attention
 variant (losses and every gradient to 1e-10 in float64); its O(B H T D) saved state; the
 choice of implementation; a blockwise model's O(T) bias state, state dict and trace."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ from nanospa import GPT, fused
 from nanospa.beyond.blockwise import (AUTO_BLOCK, AUTO_DENSE_MAX_T, BlockwiseAttention, block_size,
                                causal_attention, implementation)
 from nanospa.gradcheck import check_directions, check_jacobian, tensor64
-from nanospa.signal.attn_bias import bias_block, bias_parts
+from nanospa.signal.attn_bias import bias_block, espa_bias, uspa_bias
 from nanospa.tensor import Tensor
 
 from conftest import perturbed_model, tiny_config
@@ -31,7 +33,7 @@ def dense(q, k, v, bias=None, T=None):
 
 
 def espa_block_fn(T, gamma, gamma_prev):
-    parts = bias_parts("espa", T, gamma, gamma_prev)
+    parts = espa_bias(T, gamma, gamma_prev)
     return parts, (lambda i0, i1, j0, j1: bias_block(parts, i0, i1, j0, j1))
 
 
@@ -120,7 +122,7 @@ def test_equals_dense_with_spa_biases_and_large_logits():
     rng = np.random.default_rng(4)
     T = 29
     for kind, value, prev in (("espa", 2.0, np.inf), ("espa", 0.3, 0.3), ("uspa", 0.6, 0.2)):
-        parts = bias_parts(kind, T, value, prev)
+        parts = {"espa": espa_bias, "uspa": uspa_bias}[kind](T, value, prev)
         B = bias_block(parts, 0, T, 0, T)
         fn = lambda i0, i1, j0, j1, p=parts: bias_block(p, i0, i1, j0, j1)
         assert _compare(rng, (1, 2, T, 3), 5, bias_fn=fn, dense_bias=np.tril(B)) < 1e-12
@@ -165,11 +167,12 @@ def test_saves_O_BHTD_and_skips_blocks_above_the_diagonal():
 def test_block_size_and_implementation_choice():
     assert block_size(100, 0) == min(100, AUTO_BLOCK) and block_size(5000, 0) == AUTO_BLOCK
     assert block_size(100, 7) == 7
-    assert implementation("auto", AUTO_DENSE_MAX_T) == "dense"
-    assert implementation("auto", AUTO_DENSE_MAX_T + 1) == "blockwise"
-    assert implementation("dense", 10 ** 6) == "dense" and implementation("blockwise", 4) == "blockwise"
+    impl = lambda i, T: implementation(SimpleNamespace(attention_impl=i, block_size=T, residual_attention=False))  # noqa: E731
+    assert impl("auto", AUTO_DENSE_MAX_T) == "dense"
+    assert impl("auto", AUTO_DENSE_MAX_T + 1) == "blockwise"
+    assert impl("dense", 10 ** 6) == "dense" and impl("blockwise", 4) == "blockwise"
     with pytest.raises(ValueError, match="attention_impl"):
-        implementation("flash", 8)
+        impl("flash", 8)
 
 
 # ---------------------------------------------------------------- whole models

@@ -66,17 +66,15 @@ def test_cross_entropy_value():
     np.testing.assert_allclose(got, np.mean(lse - logits[np.arange(6), TARGETS]), rtol=1e-12)
 
 
-def test_cached_bias_and_mask_is_softmax_with_bias_and_causal_mask():
-    model = GPT(tiny_config(attention="espa"), seed=0)
-    attn = model.blocks[1].attn
-    x = normal(2, 2, 6, 6)
-    bias, causal = attn.logit_bias(6)
-    assert not causal and bias is attn.logit_bias(6)[0]  # computed once per length
-    y = fused.softmax(Tensor(x), bias, scale=0.3, causal=False).data
-    reference = fused.softmax(Tensor(x), Tensor(attn.B[:6, :6]), scale=0.3, causal=True).data
+def test_softmax_with_bias_and_causal_mask_is_the_masked_softmax():
+    """causal=True adds -inf above the diagonal to whatever bias it is given (a stored tril(B_l)
+    holds finite numbers there): the same as the bias with the mask written in."""
+    x, B = normal(2, 2, 6, 6), np.tril(normal(6, 6))
+    y = fused.softmax(Tensor(x), Tensor(B), scale=0.3, causal=True).data
+    masked = np.where(np.tri(6, dtype=bool), B, -np.inf)
+    reference = fused.softmax(Tensor(x), Tensor(masked), scale=0.3, causal=False).data
     np.testing.assert_allclose(y, reference, rtol=1e-13, atol=1e-300)
-    model.load_state_dict(model.state_dict())  # a new B_l array: the cache must follow it
-    assert attn.logit_bias(6)[0] is not bias
+    assert np.all(y[..., np.triu_indices(6, 1)[0], np.triu_indices(6, 1)[1]] == 0.0)
 
 
 def test_softmax_gradient_with_trainable_bias_and_scale():

@@ -77,7 +77,7 @@ def test_spa_attention_at_init_equals_target_and_kernel_identity(attention):
     tr = model.trace(idx)
     for l in range(L):
         A = tr.attention[l][0]                               # (H, T, T)
-        B, D = signal.layer_bias(model.plan, l + 1)
+        B, D = signal.dense_layer_bias(model.plan, l + 1)
         expected = np.exp(B) * D[:, None]                    # D_l softmax(B_l) = A_l (B rows normalised)
         for h in range(cfg.n_head):
             # the model's fused softmax against exp(B): entries <= D_max < 2, a few ulps
@@ -186,7 +186,7 @@ def test_generate_shapes():
 @pytest.mark.parametrize("budget", ["independent", "qpreserve"])
 def test_model_stores_the_plan_cast_to_its_dtype(budget):
     """model.plan is make_plan(cfg); every SPA block holds tril(B_l) and D_l of
-    signal.layer_bias (the plan's overrides included), cast to the model's dtype; the shared
+    signal.dense_layer_bias (the plan's overrides included), cast to the model's dtype; the shared
     activation is the plan's activation_transform."""
     cfg = GPTConfig(vocab_size=16, block_size=8, n_layer=3, n_head=2, n_embd=16, dtype="float32",
                     kernel_budget=budget, gamma_final=0.05, eta=0.5)
@@ -196,7 +196,7 @@ def test_model_stores_the_plan_cast_to_its_dtype(budget):
     assert dict(model.plan.activation) == dict(plan.activation)
     assert (model.plan.overrides is None) == (budget == "independent")
     for l, block in enumerate(model.blocks, start=1):
-        B, D = signal.layer_bias(plan, l)
+        B, D = signal.dense_layer_bias(plan, l)
         assert block.attn.B.dtype == np.float32 and block.attn.D.dtype == np.float32
         np.testing.assert_array_equal(block.attn.B, np.tril(B).astype(np.float32))   # finite above
         np.testing.assert_array_equal(block.attn.D, D.astype(np.float32))
@@ -221,21 +221,21 @@ def test_embeddings_follow_the_input_kernel_variances():
     assert np.var(learned.wpe.weight.data) == pytest.approx(signal.POS_VARIANCE, rel=5 * np.sqrt(2 / (6 * 512)))
 
 
-def test_logit_bias_is_cached_per_length_and_follows_a_new_B():
+def test_an_edit_of_B_is_seen_by_the_next_call():
+    """No cache stands between B_l and the softmax: an in-place edit of the stored B (one
+    row's bias moved) changes the next forward exactly as loading the edited state does."""
+    idx = np.arange(6).reshape(1, 6) % 11
     model = GPT(tiny(attention="espa"))
-    attn = model.blocks[0].attn
-    bias, causal = attn.logit_bias(4)
-    assert causal is False and bias.shape == (4, 4)
-    assert attn.logit_bias(4)[0] is bias                      # cached
-    assert np.all(np.isneginf(bias.data[np.triu_indices(4, 1)]))
-    np.testing.assert_array_equal(bias.data[np.tril_indices(4)], attn.B[:4, :4][np.tril_indices(4)])
+    before = model(idx)[0].data.copy()
     state = model.state_dict()
-    state["blocks.0.attn.B"] = state["blocks.0.attn.B"] + 1.0
-    model.load_state_dict(state)
-    new = attn.logit_bias(4)[0]
-    assert new is not bias
-    np.testing.assert_allclose(new.data[np.tril_indices(4)], bias.data[np.tril_indices(4)] + 1.0, rtol=1e-15)
-    assert GPT(tiny(attention="softmax")).blocks[0].attn.logit_bias(4) == (None, True)
+    state["blocks.0.attn.B"][5, :3] += 1.0
+    edited = GPT(tiny(attention="espa"))
+    edited.load_state_dict(state)
+    model.blocks[0].attn.B[5, :3] += 1.0                         # in place, on the buffer
+    after = model(idx)[0].data
+    assert np.abs(after - before).max() > 1e-3
+    np.testing.assert_array_equal(after, edited(idx)[0].data)
+    assert GPT(tiny(attention="softmax")).blocks[0].attn.logit_bias(4) is None
 
 
 def test_attention_implementation_follows_the_config():
@@ -244,7 +244,7 @@ def test_attention_implementation_follows_the_config():
     from nanospa.beyond.blockwise import AUTO_DENSE_MAX_T
     short, long_ = (GPT(tiny(attention="espa", block_size=T)) for T in (AUTO_DENSE_MAX_T, AUTO_DENSE_MAX_T + 1))
     assert short.blocks[0].attn.impl == "dense" and short.blocks[0].attn.B.shape == (AUTO_DENSE_MAX_T,) * 2
-    assert long_.blocks[0].attn.impl == "blockwise" and not hasattr(long_.blocks[0].attn, "B")
+    assert long_.blocks[0].attn.impl == "blockwise" and long_.blocks[0].attn.B is None
     assert long_.blocks[0].attn.bias_parts["kind"] == "espa"
     forced = GPT(tiny(attention="uspa", attention_impl="dense", block_size=AUTO_DENSE_MAX_T + 1))
     assert forced.blocks[1].attn.impl == "dense" and forced.blocks[1].attn.bias_parts is None

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from nanospa import nn
+from nanospa.beyond import norms
 from nanospa.gradcheck import check_directions
 
 
@@ -15,7 +16,7 @@ class Tiny(nn.Module):
         self.emb = nn.Embedding(7, 6, rng=rng, dtype=dtype)
         self.ln = nn.LayerNorm(6, dtype=dtype)
         self.rms = nn.RMSNorm(6, dtype=dtype)
-        self.dyt = nn.DyT(6, alpha=0.5, dtype=dtype)
+        self.dyt = norms.DyT(6, alpha=0.5, dtype=dtype)
         self.fc = nn.Linear(6, 5, bias=True, rng=rng, dtype=dtype)
         self.register_buffer("scale", np.full(5, 0.5, dtype=dtype))
 
@@ -60,8 +61,8 @@ def test_state_dict_roundtrip_and_errors():
 def test_dyt_alpha_is_required():
     """DyT's initial alpha is a model choice (nanospa.signal's DYT_ALPHA): no default."""
     with pytest.raises(TypeError, match="alpha"):
-        nn.DyT(6)
-    np.testing.assert_array_equal(nn.DyT(6, alpha=0.25, dtype="float64").alpha.data, [0.25])
+        norms.DyT(6)
+    np.testing.assert_array_equal(norms.DyT(6, alpha=0.25, dtype="float64").alpha.data, [0.25])
 
 
 @pytest.mark.parametrize("n_in,n_out", [(6, 4), (4, 6), (5, 5)])

@@ -13,7 +13,7 @@ from nanospa import GPT, GPTConfig, config, signal
 from nanospa.gradcheck import check_directions, check_jacobian, tensor64
 from nanospa.beyond.positions import Rope, fixed_bias, rope, rope_tables
 from nanospa.signal import kernels
-from nanospa.signal.attn_bias import bias_block, bias_parts, layer_bias, realise
+from nanospa.signal.attn_bias import bias_block, dense_layer_bias, espa_bias, realise
 from nanospa.signal.inputs import input_kernel, token_variance
 from nanospa.signal.maps import attention_map, softmax_attention_map
 from nanospa.signal.beyond.positions import (alibi_bias, alibi_slopes, logit_bias, rope_angles, rope_correlation,
@@ -51,7 +51,7 @@ def test_alibi_bias_blocks_and_fixed_bias():
     i, j = np.arange(9)[:, None], np.arange(9)[None, :]
     np.testing.assert_array_equal(full, -m[:, None, None] * (i - j))
     np.testing.assert_array_equal(alibi_bias(m, 3, 7, 2, 5), full[:, 3:7, 2:5])
-    parts = bias_parts("espa", 9, 0.1, 0.3)
+    parts = espa_bias(9, 0.1, 0.3)
     np.testing.assert_array_equal(fixed_bias(parts, None, 2, 9, 0, 4, np.float32),
                                   bias_block(parts, 2, 9, 0, 4, np.float32))
     both = fixed_bias(parts, m, 2, 9, 0, 4, np.float32)
@@ -254,10 +254,10 @@ def test_logit_bias_and_the_per_head_kernel_map():
     cfg = GPTConfig(block_size=6, n_layer=2, n_head=2, n_embd=8, attention="espa", pos="alibi", activation="gelu")
     plan = signal.make_plan(cfg)
     B = logit_bias(cfg, plan, 2, 6)
-    np.testing.assert_array_equal(B, layer_bias(plan, 2, 6)[0] + alibi_bias(alibi_slopes(2), 0, 6, 0, 6))
+    np.testing.assert_array_equal(B, dense_layer_bias(plan, 2, 6)[0] + alibi_bias(alibi_slopes(2), 0, 6, 0, 6))
     pre = GPTConfig(**{**cfg.to_dict(), "attention": "softmax", "pos": "spa_prior"})
     np.testing.assert_array_equal(logit_bias(pre, signal.make_plan(pre), 1, 6),
-                                  layer_bias(signal.make_plan(spa_prior_config(pre)), 1, 6)[0])
+                                  dense_layer_bias(signal.make_plan(spa_prior_config(pre)), 1, 6)[0])
     rot = GPTConfig(**{**pre.to_dict(), "pos": "rope"})
     assert logit_bias(rot, signal.make_plan(rot), 1, 6) is None
     rng = np.random.default_rng(2)

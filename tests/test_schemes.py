@@ -152,7 +152,7 @@ def test_realformer_second_layer_adds_the_first_layers_content_scores(attention)
     model = GPT(cfg)
     perturb(model, 0.5, seed=3)                                  # W^Q != 0, alpha, beta moved
     S = scores_of(model, IDX, 0) + scores_of(model, IDX, 1)
-    bias, causal = model.blocks[1].attn.logit_bias(IDX.shape[1])
+    bias, causal = model.blocks[1].attn.logit_bias(IDX.shape[1]), True
     P = fused.softmax(Tensor(S), bias, causal=causal).data
     tr = model.trace(IDX)
     A = tr.attention[1]                                          # effective: diag(D) P, alpha I + beta P

@@ -1,23 +1,57 @@
 """Tests for nanospa/signal/attn_bias.py: the E-SPA / U-SPA attention matrices in closed form
 (against cholesky.transfer_matrix), their softmax realisation A = diag(D) softmax(B) (bias
-B, rescale D, rescale, realise), spa_matrix, spa_layer / spa_layers, layer_bias of a plan,
-prefix consistency and a finite-width check (docs/method.md §5-§8, §14, §15). All float64."""
-import time
+B, rescale D, rescale, realise), the O(T) sources espa_bias / uspa_bias and bias_block against
+the dense reference of method §7.2, spa_matrix, layer_bias of a plan, prefix consistency and
+a finite-width check (docs/method.md §5-§8, §14, §15). All float64."""
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from nanospa.config import GPTConfig
-from nanospa.signal import (bias_and_rescale, check_attention, espa_attention,
-                            espa_bias_and_rescale, espa_gammas, espa_kernel, espa_log_attention,
+from nanospa.signal import (bias_and_rescale, bias_block, check_attention, espa_attention,
+                            espa_attention_reference, espa_bias, espa_gammas, espa_kernel,
                             layer_bias, log_attention_from, make_plan, realise, rescale,
-                            spa_layer, spa_layers, spa_matrix, transfer_matrix, uspa_attention,
-                            uspa_bias_and_rescale, uspa_kernel, uspa_rhos)
+                            spa_matrix, transfer_matrix, uspa_attention, uspa_bias,
+                            uspa_kernel, uspa_rhos)
 from nanospa.signal.kernels import TINY
 from nanospa.tensor import Tensor
 
 EPS = np.finfo(np.float64).eps
+
+
+SOURCE = {"espa": espa_bias, "uspa": uspa_bias}
+
+
+def dense(parts, T=None):
+    """(B, D) dense from a layer's parts (bias_block over the whole square; D None for a
+    policy's own dense B, whose D comes with it)."""
+    if parts["kind"] == "dense":
+        T = len(parts["B"]) if T is None else T
+        return bias_block(parts, 0, T, 0, T), None
+    T = parts["lse"].size if T is None else T
+    return bias_block(parts, 0, T, 0, T), np.exp(parts["lse"][:T])
+
+
+def split(kind, T, value, prev, out=None):
+    """(B, D) of one layer from its one source (espa_bias / uspa_bias)."""
+    parts = SOURCE[kind](T, value, prev)
+    return bias_block(parts, 0, T, 0, T, out=out), np.exp(parts["lse"])
+
+
+def log_attention(kind, T, value, prev):
+    """log A of one layer: the parts with a zero row normaliser (E-SPA), or log of A."""
+    if kind == "uspa":
+        return log_attention_from(uspa_attention(T, value, prev))
+    return bias_block(dict(espa_bias(T, value, prev), lse=np.zeros(T)), 0, T, 0, T)
+
+
+def layers(kind, T, L):
+    """{"l", "B", "D", "logA"} of every layer of the default schedule."""
+    sched = espa_gammas(L) if kind == "espa" else uspa_rhos(L)
+    for l in range(1, L + 1):
+        B, D = split(kind, T, sched[l], sched[l - 1])
+        yield dict(l=l, B=B, D=D, logA=log_attention(kind, T, sched[l], sched[l - 1]))
 
 
 def schedule(kind, L, T):
@@ -99,7 +133,7 @@ def test_closed_forms_refuse_the_wrong_way():
     closed forms refuse such a step instead of returning it."""
     T = 50
     with pytest.raises(ValueError, match="gamma <= gamma_prev"):
-        espa_log_attention(T, 0.5, 0.2)
+        espa_bias(T, 0.5, 0.2)
     with pytest.raises(ValueError, match="rho >= rho_prev"):
         uspa_attention(T, 0.3, 0.6)
     with pytest.raises(ValueError, match="gammas must be > 0"):
@@ -120,7 +154,7 @@ def test_equal_steps_give_identity():
 @pytest.mark.parametrize("kind", ["espa", "uspa"])
 def test_bias_rows_sum_to_one_and_D_at_least_one(kind):
     T = 256
-    for layer in spa_layers(kind, T, 36):
+    for layer in layers(kind, T, 36):
         B, D, logA = layer["B"], layer["D"], layer["logA"]
         np.testing.assert_allclose(np.exp(B).sum(axis=1), 1.0, rtol=1e-13)   # softmax(B) rows
         assert B.max() <= 0.0 and np.all(np.isneginf(B[np.triu_indices(T, 1)]))
@@ -143,7 +177,7 @@ def test_bias_and_rescale_needs_a_finite_entry_per_row():
 def test_log_attention_from():
     A = espa_attention(30, 0.2, 0.6)
     logA = log_attention_from(A)
-    np.testing.assert_allclose(logA, espa_log_attention(30, 0.2, 0.6), rtol=1e-13)
+    np.testing.assert_allclose(logA, log_attention("espa", 30, 0.2, 0.6), rtol=1e-13)
     assert np.all(np.isneginf(logA[np.triu_indices(30, 1)]))
     with pytest.raises(ValueError, match="lower triangular"):
         log_attention_from(A.T)
@@ -170,9 +204,8 @@ def test_realise_is_diag_D_softmax_B_and_reproduces_the_closed_form(kind):
     T, L = 64, 6
     sched = espa_gammas(L) if kind == "espa" else uspa_rhos(L)
     closed = espa_attention if kind == "espa" else uspa_attention
-    split = espa_bias_and_rescale if kind == "espa" else uspa_bias_and_rescale
     for l in (1, 3, L):
-        B, D = split(T, sched[l], sched[l - 1])
+        B, D = split(kind, T, sched[l], sched[l - 1])
         A = realise(B, D)
         # against an independent row-by-row diag(D) softmax(B) over j <= i: same operations
         # in another order, a few ulps (relative)
@@ -192,7 +225,7 @@ def test_realise_flushes_below_tiny():
     """E-SPA layer 1 with a large gamma: e^{-gamma (i - j)} spans the subnormal range;
     realise returns exact zeros there, never subnormals."""
     T, g = 200, 5.0
-    B, D = espa_bias_and_rescale(T, g, np.inf)
+    B, D = split("espa", T, g, np.inf)
     A = realise(B, D)
     nz = A[A != 0]
     assert nz.min() >= TINY and np.count_nonzero(A) < T * (T + 1) // 2
@@ -209,8 +242,7 @@ def test_spa_matrix_is_the_closed_form(kind):
         A = spa_matrix(kind, T, sched[l], sched[l - 1])
         assert A.min() >= 0.0 and np.all(np.triu(A, 1) == 0.0)
         assert np.all((A == 0) | (A >= TINY))                      # no subnormals
-        layer = spa_layer(kind, T, sched[l], sched[l - 1])
-        np.testing.assert_allclose(A, realise(layer["B"], layer["D"]), rtol=1e-13, atol=TINY)
+        np.testing.assert_allclose(A, realise(*split(kind, T, sched[l], sched[l - 1])), rtol=1e-13, atol=TINY)
         R = transfer_matrix(target(T, sched[l - 1]), target(T, sched[l]))
         # Cholesky reference: kernels with cond < 1e3 here, 1e-12 is eps * cond with margin
         np.testing.assert_allclose(A, R, rtol=0, atol=1e-12)
@@ -221,11 +253,11 @@ def test_spa_matrix_is_the_closed_form(kind):
 def test_prefix_consistency():
     """Built once at T_max and sliced, A, B and D equal the objects built at t (method §5)."""
     T_max, (g, gp), (r, rp) = 96, espa_gammas(12)[[5, 4]], uspa_rhos(12)[[5, 4]]
-    big = {"espa": (espa_log_attention(T_max, g, gp), *espa_bias_and_rescale(T_max, g, gp)),
-           "uspa": (log_attention_from(uspa_attention(T_max, r, rp)), *uspa_bias_and_rescale(T_max, r, rp))}
+    big = {"espa": (log_attention("espa", T_max, g, gp), *split("espa", T_max, g, gp)),
+           "uspa": (log_attention("uspa", T_max, r, rp), *split("uspa", T_max, r, rp))}
     for t in (1, 2, 17, 95):
-        small = {"espa": (espa_log_attention(t, g, gp), *espa_bias_and_rescale(t, g, gp)),
-                 "uspa": (log_attention_from(uspa_attention(t, r, rp)), *uspa_bias_and_rescale(t, r, rp))}
+        small = {"espa": (log_attention("espa", t, g, gp), *split("espa", t, g, gp)),
+                 "uspa": (log_attention("uspa", t, r, rp), *split("uspa", t, r, rp))}
         # E-SPA entries are elementwise formulas of (i, j): bit-identical
         for x, y in zip(big["espa"], small["espa"]):
             np.testing.assert_array_equal(x[:t, :t] if x.ndim == 2 else x[:t], y)
@@ -239,7 +271,7 @@ def test_method_15_check_T2048():
     """Method §15: at T = 2048, layer 1 (L = 36, gamma_L = 0.005) has finite B and D in
     [1, 1.436]."""
     T, g = 2048, espa_gammas(36, 0.005)
-    B, D = espa_bias_and_rescale(T, g[1], g[0])
+    B, D = split("espa", T, g[1], g[0])
     assert np.array_equal(np.isfinite(B), np.tri(T, dtype=bool))
     assert D.min() == 1.0
     assert D.max() == pytest.approx(1.436, abs=5e-4)             # quoted to 3 decimals
@@ -253,42 +285,13 @@ def test_finite_at_T16384():
     lower = np.tri(T, dtype=bool)
     B = np.empty((T, T))
     for l in (1, 36):
-        B, D = espa_bias_and_rescale(T, g[l], g[l - 1], out=B)
+        B, D = split("espa", T, g[l], g[l - 1], out=B)
         assert np.array_equal(np.isfinite(B), lower)             # finite exactly on j <= i
         assert B.max() <= 0.0 and np.all(np.isfinite(D)) and D.min() == 1.0
     del B
 
 
 # ---------------------------------------------------------------- per-layer build
-
-
-def test_spa_layers_generator_options():
-    T, L = 64, 6
-    ref = list(spa_layers("espa", T, L))
-    assert [x["l"] for x in ref] == list(range(1, L + 1))
-    assert [x["gamma"] for x in ref] == espa_gammas(L)[1:].tolist()
-    for kind in ("espa", "uspa"):
-        plain = [{k: np.copy(v) for k, v in x.items()} for x in spa_layers(kind, T, L)]
-        reused = spa_layers(kind, T, L, reuse_buffers=True)
-        for x, y in zip(plain, reused):
-            np.testing.assert_array_equal(x["B"], y["B"])
-            np.testing.assert_array_equal(x["logA"], y["logA"])
-        for x, y in zip(plain, spa_layers(kind, T, L, with_logA=False, dtype=np.float32)):
-            assert y["logA"] is None and y["B"].dtype == np.float32 and y["D"].dtype == np.float64
-            np.testing.assert_array_equal(x["B"].astype(np.float32), y["B"])   # rounded once
-    with pytest.raises(ValueError, match="kind"):
-        next(spa_layers("softmax", T, L))
-    with pytest.raises(ValueError, match="kind"):
-        spa_layer("softmax", T, 0.1, 0.2)
-
-
-def test_spa_layers_speed_T1024():
-    """Building B and D for 36 layers at T = 1024 is cheap: each layer writes one 8 MB
-    matrix in one pass (about 0.1 s in total on one core)."""
-    t0 = time.perf_counter()
-    for _ in spa_layers("espa", 1024, 36, with_logA=False, reuse_buffers=True):
-        pass
-    assert time.perf_counter() - t0 < 5.0                         # generous: shared CPUs
 
 
 @pytest.mark.parametrize("kind", ["espa", "uspa"])
@@ -299,11 +302,11 @@ def test_layer_bias_follows_the_schedule(kind):
     sched = tuple(espa_gammas(L, 0.05) if kind == "espa" else uspa_rhos(L, 0.6))
     plan = SimpleNamespace(kind=kind, schedule=sched, overrides=None, block_size=T)
     for l in range(1, L + 1):
-        B, D = layer_bias(plan, l)
-        ref = spa_layer(kind, T, sched[l], sched[l - 1])
-        np.testing.assert_array_equal(B, ref["B"])
-        np.testing.assert_array_equal(D, ref["D"])
-        B8, D8 = layer_bias(plan, l, 8)
+        B, D = dense(*layer_bias(plan, l)[:1])[0], layer_bias(plan, l)[1]
+        ref = split(kind, T, sched[l], sched[l - 1])
+        np.testing.assert_array_equal(B, ref[0])
+        np.testing.assert_array_equal(D, ref[1])
+        B8, D8 = dense(layer_bias(plan, l, 8)[0])[0], layer_bias(plan, l, 8)[1]
         assert B8.shape == (8, 8) and D8.shape == (8,)
         np.testing.assert_array_equal(B8, B[:8, :8])
         np.testing.assert_array_equal(D8, D[:8])
@@ -318,28 +321,30 @@ def test_layer_bias_takes_the_plans_overrides():
     ind = make_plan(GPTConfig(**{**cfg.to_dict(), "kernel_budget": "independent"}))
     assert ind.overrides is None and plan.overrides is not None and len(plan.overrides) == 4
     for l in range(1, 5):
-        B, D = layer_bias(plan, l)
+        parts, D = layer_bias(plan, l)
+        B = dense(parts)[0]
         assert plan.overrides[l - 1][0] is None                   # qpreserve moves D only: B_l
         np.testing.assert_array_equal(D, plan.overrides[l - 1][1])  # stays O(T) closed form
-        B_ind, D_ind = layer_bias(ind, l)
-        np.testing.assert_array_equal(B, B_ind)              # qpreserve keeps B, moves D
+        parts_ind, D_ind = layer_bias(ind, l)
+        np.testing.assert_array_equal(B, dense(parts_ind)[0])              # qpreserve keeps B, moves D
         # ... except at layer 1, where the incoming kernel is I and A_1 A_1^T = Sigma_1
         # already has unit diagonal: the same D (to rounding)
         if l == 1:
             np.testing.assert_allclose(D, D_ind, rtol=1e-15)
         else:
             assert np.abs(D - D_ind).max() > 0.1
-        B5, D5 = layer_bias(plan, l, 5)
-        np.testing.assert_array_equal(B5, B[:5, :5])
+        parts5, D5 = layer_bias(plan, l, 5)
+        np.testing.assert_array_equal(dense(parts5)[0], B[:5, :5])
         np.testing.assert_array_equal(D5, D[:5])
     # per-layer mix: layer 1 closed form, layer 2 the override
     sched = plan.schedule[:3]
     B_own = np.where(np.tri(16, dtype=bool), -np.log(np.arange(1, 17))[:, None], -np.inf)
     D_own = np.full(16, 2.0)                                  # 2 x uniform causal attention
     mixed = SimpleNamespace(kind="espa", schedule=sched, block_size=16, overrides=(None, (B_own, D_own)))
-    np.testing.assert_array_equal(layer_bias(mixed, 1)[0], spa_layer("espa", 16, sched[1], sched[0])["B"])
-    B2, D2 = layer_bias(mixed, 2)
-    assert B2 is not None and np.array_equal(B2, B_own) and np.array_equal(D2, D_own)
+    np.testing.assert_array_equal(dense(layer_bias(mixed, 1)[0])[0], split("espa", 16, sched[1], sched[0])[0])
+    parts2, D2 = layer_bias(mixed, 2)
+    B2 = dense(parts2, 16)[0]
+    assert parts2["kind"] == "dense" and np.array_equal(B2, B_own) and np.array_equal(D2, D_own)
     np.testing.assert_allclose(realise(B2, D2), 2.0 * np.tri(16) / np.arange(1, 17)[:, None], rtol=1e-15)
 
 
@@ -371,7 +376,7 @@ def test_finite_width_network_reproduces_targets(kind):
     np.testing.assert_allclose(Sigma, np.eye(T), atol=1e-13)
     targets = ([espa_kernel(T, g) for g in espa_gammas(L)] if kind == "espa"
                else [uspa_kernel(T, r) for r in uspa_rhos(L)])
-    for layer in spa_layers(kind, T, L):
+    for layer in layers(kind, T, L):
         Wk = rng.standard_normal((d, d)) / np.sqrt(d)
         X = spa_mha(X, np.zeros((d, d)), Wk, orth(), orth(), layer["B"], layer["D"], H)
         # 12 layers of unit-scale matmuls over d = 256: rounding ~1e-14, 1e-12 is the brief
@@ -397,16 +402,14 @@ def test_bias_block_is_the_slice_of_the_dense_closed_form(kind):
     """Any block of B generated from the O(T) parts equals the slice of the dense B bit for
     bit (the same float64 operations per entry), and rounds once to float32 like it; D_l is
     exp(lse). Layers 1, 2 and L of a schedule, and the identity step."""
-    from nanospa.signal.attn_bias import bias_block, bias_parts
     rng = np.random.default_rng(5)
     T, L = 37, 6
     sched = espa_gammas(L, 0.05) if kind == "espa" else uspa_rhos(L, 0.7)
-    split = espa_bias_and_rescale if kind == "espa" else uspa_bias_and_rescale
     steps = [(sched[1], sched[0]), (sched[2], sched[1]), (sched[L], sched[L - 1]), (sched[3], sched[3])]
     for value, prev in steps:
-        parts = bias_parts(kind, T, value, prev)
+        parts = SOURCE[kind](T, value, prev)
         assert all(np.ndim(a) == 1 and np.size(a) < 2 * T for a in parts.values() if isinstance(a, np.ndarray))
-        B, D = split(T, value, prev)
+        B, D = split(kind, T, value, prev)
         np.testing.assert_array_equal(np.exp(parts["lse"]), D)
         for i0, i1, j0, j1 in _random_blocks(rng, T, 30):
             block = bias_block(parts, i0, i1, j0, j1)
@@ -418,18 +421,17 @@ def test_bias_block_is_the_slice_of_the_dense_closed_form(kind):
 
 def test_bias_block_against_the_definitions():
     """Independently of the dense builders: E-SPA's block from v[i - j], c and lse by the
-    definition in espa_parts' docstring; U-SPA's from phi_j - psi_i and diag_i; -inf above
+    definition in espa_bias' docstring; U-SPA's from phi_j - psi_i and diag_i; -inf above
     the diagonal; a dense part is sliced."""
-    from nanospa.signal.attn_bias import _espa_parts, bias_block, bias_parts
     T, g, gp = 20, 0.3, 0.9
-    v, c, logD = _espa_parts(T, g, gp)
-    parts = bias_parts("espa", T, g, gp)
+    parts = espa_bias(T, g, gp)
+    v, c, logD = parts["u"][T - 1::-1], parts["c"], parts["lse"]     # u is v reversed, padded
     block = bias_block(parts, 2, 19, 0, 11)
     for a, i in enumerate(range(2, 19)):
         for b, j in enumerate(range(0, 11)):
             want = -np.inf if j > i else (c[i] if j == 0 else v[i - j]) - logD[i]
             assert block[a, b] == want
-    u = bias_parts("uspa", T, 0.5, 0.2)
+    u = uspa_bias(T, 0.5, 0.2)
     block = bias_block(u, 4, 12, 3, 15)
     for a, i in enumerate(range(4, 12)):
         for b, j in enumerate(range(3, 15)):
@@ -448,28 +450,62 @@ def test_uspa_row_sums_in_O_T_match_the_dense_row_sums():
     """D_i = diag_i + sum_{j<i} phi_j - i psi_i (summed in extended precision) against the
     row sums of the dense A at T = 2048, where a float64 cumulative sum of the nearly
     cancelling terms was off by 4e-12 relative (observed with np.longdouble: 4e-16)."""
-    from nanospa.signal.attn_bias import _uspa_block, uspa_parts
+    from nanospa.signal.attn_bias import _uspa_block
     rho = uspa_rhos(36, 0.8)
     for l in (1, 2, 36):
-        p = uspa_parts(2048, rho[l], rho[l - 1])
+        p = uspa_bias(2048, rho[l], rho[l - 1])
         D = _uspa_block(p, 0, 2048, 0, 2048).sum(axis=1)
         np.testing.assert_allclose(np.exp(p["lse"]), D, rtol=1e-14 if np.finfo(np.longdouble).eps < EPS else 5e-12)
 
 
-def test_layer_parts_are_O_T_at_T16384():
+def test_layer_bias_is_O_T_at_T16384():
     """A 36-layer plan at T = 16384 keeps O(T) numbers per layer: parts and D_l of block l
-    from layer_parts, whose blocks are those of layer_bias at small T."""
-    from nanospa.signal.attn_bias import bias_block, layer_parts
+    from layer_bias, whose blocks are those of a plan of block_size 40 (prefix consistent)."""
     L = 36
     sched = tuple(espa_gammas(L))
     plan = SimpleNamespace(kind="espa", schedule=sched, overrides=None, block_size=16384)
     nbytes = 0
     for l in range(1, L + 1):
-        parts, D = layer_parts(plan, l)
+        parts, D = layer_bias(plan, l)
         nbytes += D.nbytes + sum(a.nbytes for a in parts.values() if isinstance(a, np.ndarray))
     assert nbytes < L * 5 * 16384 * 8                              # (2T - 1) + T + T + T float64s
     small = SimpleNamespace(kind="espa", schedule=sched, overrides=None, block_size=40)
-    parts, D = layer_parts(plan, 7)
-    B, D40 = layer_bias(small, 7)
+    parts, D = layer_bias(plan, 7)
+    B, D40 = dense(layer_bias(small, 7)[0])
     np.testing.assert_array_equal(bias_block(parts, 0, 40, 0, 40), B)   # prefix consistent
     np.testing.assert_array_equal(D[:40], D40)
+
+
+# ---------------------------------------------------------------- the dense reference of §7.2
+
+@pytest.mark.parametrize("T, gamma, gamma_prev", [(1, 0.3, np.inf), (40, 0.3, np.inf), (40, 0.05, 0.3),
+                                                  (40, 0.2, 0.2), (64, 1.06, np.inf), (64, 0.005, 0.011)])
+def test_espa_bias_is_the_dense_reference_of_method_7_2(T, gamma, gamma_prev):
+    """The O(T) source of E-SPA's B_l and D_l against A_l written entry by entry from
+    docs/method.md §7.2 (espa_attention_reference): B = log A - log(row sums of A) on j <= i,
+    -inf above, and D = the row sums. Tolerance: the reference sums T exponentials per row
+    with exp in float64 and the source works with logs; both are a few ulps of entries of
+    size 1 (observed up to 6.4e-15 absolute in log space, 4.4e-16 relative in D), whatever BLAS or SIMD path (no BLAS call,
+    no reduction longer than a row). 1e-12: two orders of margin, far below any change of
+    gamma that matters (a relative change of 1e-9 in gamma moves B by ~1e-9 at T = 64)."""
+    A = espa_attention_reference(T, gamma, gamma_prev)
+    B, D = split("espa", T, gamma, gamma_prev)
+    low = np.tril(np.ones((T, T), dtype=bool)) & (A > 0)
+    np.testing.assert_allclose(D, A.sum(axis=1), rtol=1e-12, atol=0)
+    with np.errstate(divide="ignore"):
+        ref = np.log(A) - np.log(A.sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(B[low], ref[low], rtol=0, atol=1e-12)
+    assert np.all(np.isneginf(B[np.triu_indices(T, 1)]))
+    assert np.all(np.isneginf(B[np.tril(np.ones((T, T), dtype=bool)) & (A == 0)]))   # A = I: zero entries
+
+
+def test_the_reference_check_catches_a_planted_change(monkeypatch):
+    """A constant of the source moved by 1e-9 relative (gamma inside espa_bias) is seen."""
+    from nanospa.signal import attn_bias
+    real = attn_bias.espa_bias
+    monkeypatch.setattr(attn_bias, "espa_bias", lambda T, g, gp: real(T, g * (1 + 1e-9), gp))
+    T, g, gp = 64, 0.05, 0.3
+    A = espa_attention_reference(T, g, gp)
+    B = bias_block(attn_bias.espa_bias(T, g, gp), 0, T, 0, T)
+    low = np.tri(T, dtype=bool)
+    assert np.abs(B[low] - (np.log(A) - np.log(A.sum(axis=1, keepdims=True)))[low]).max() > 1e-11

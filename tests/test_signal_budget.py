@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nanospa import GPT, GPTConfig
-from nanospa.signal import kernels, layer_bias, spa_schedule
+from nanospa.signal import kernels, dense_layer_bias, spa_schedule
 from nanospa.signal.budget import (BUDGETS, DEFAULT_BUDGET, INDEPENDENT_ETA, INDEPENDENT_GAMMA_FINAL,
                                    JOINT_FINAL_CORR, JOINT_NET_ETA, ROOT_TOL, Plan, activation_spec,
                                    make_plan, max_eta, split_activation)
@@ -37,7 +37,7 @@ def test_every_policy_gives_causal_non_negative_attention(budget, attention):
     assert plan.kind == attention and plan.n_layer == c.n_layer and plan.block_size == c.block_size
     assert len(plan.schedule) == c.n_layer + 1
     for l, A in enumerate(attention_matrices(c, plan), start=1):
-        B, D = layer_bias(plan, l)
+        B, D = dense_layer_bias(plan, l)
         assert np.all(np.triu(A, 1) == 0) and A.min() >= 0
         assert np.all(D > 0) and np.all(np.isfinite(D))
         assert np.all(B[np.tril_indices(c.block_size)] <= 1e-12)          # row-normalised log A

@@ -8,7 +8,7 @@ import pytest
 
 from nanospa import GPT, GPTConfig
 from nanospa.measure import measured_kernels
-from nanospa.signal import kernels, layer_bias, make_plan, realise
+from nanospa.signal import kernels, dense_layer_bias, make_plan, realise
 from nanospa.signal.inputs import input_kernel
 from nanospa.signal.predict import (KernelPrediction, effective_attention, plan_targets,
                                     predict_kernels)
@@ -94,7 +94,7 @@ def test_effective_attention_of_each_kind():
         plan = make_plan(cfg)
         for l in range(1, 4):
             np.testing.assert_array_equal(effective_attention(cfg, plan, l, T),
-                                          realise(*layer_bias(plan, l, T)))
+                                          realise(*dense_layer_bias(plan, l, T)))
         assert len(plan_targets(plan, T)) == 3
         np.testing.assert_array_equal(plan_targets(plan, T)[2],
                                       kernels.spa_kernel(attention, T, plan.schedule[3]))

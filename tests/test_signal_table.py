@@ -7,7 +7,7 @@ import pytest
 
 from nanospa.config import GPTConfig
 from nanospa.measure import measure_config, measured_model_kernels, token_batch
-from nanospa.signal import espa_kernel, input_kernel, kernel_stats, layer_bias, make_plan, realise
+from nanospa.signal import espa_kernel, input_kernel, kernel_stats, dense_layer_bias, make_plan, realise
 from nanospa.signal.predict import predict_kernels
 from nanospa.signal.table import (attention_only_kernels, check_depths, default_depths, format_table,
                                   layer_table, predicted_kernels, schedule_targets, summary)
@@ -54,7 +54,7 @@ def test_layer_table_construction_error_is_rounding():
             assert row["err"] < 1e-12
             assert row["A_min"] >= 0.0
             assert row["D_min"] >= 1.0 - 1e-12     # D >= 1 for U-SPA and E-SPA (method §14)
-            B, D = layer_bias(make_plan(cfg), l)
+            B, D = dense_layer_bias(make_plan(cfg), l)
             assert row["D_max"] == float(D.max()) and row["schedule"] == make_plan(cfg).schedule[l]
 
 
@@ -66,9 +66,9 @@ def test_layer_table_of_a_plan_off_the_schedule():
     rows = layer_table(cfg, plan)
     assert max(r["err"] for r in rows[2:]) > 1e-3
     for l, row in enumerate(rows[1:], start=1):
-        D = layer_bias(plan, l)[1]
+        D = dense_layer_bias(plan, l)[1]
         assert row["D_min"] == float(D.min()) and row["D_max"] == float(D.max())
-        A = realise(*layer_bias(plan, l))
+        A = realise(*dense_layer_bias(plan, l))
         assert row["A_min"] == float(A[np.tril_indices(16)].min())
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from nanospa import GPT, GPTConfig
-from nanospa.signal import kernels, layer_bias, make_plan, realise, spa_matrix, spa_schedule
+from nanospa.signal import kernels, dense_layer_bias, make_plan, realise, spa_matrix, spa_schedule
 from nanospa.signal.budget import activation_spec
 from nanospa.signal.predict import predict_kernels
 from nanospa.signal import budget, walks
@@ -55,7 +55,7 @@ def test_qpreserve_gives_q_one_after_every_attention_sublayer(budget, extra):
         same.update(gamma_final=plan.info["gamma_final"])
     ref = make_plan(cfg(**same))
     for l in range(1, c.n_layer + 1):                                  # only D differs
-        np.testing.assert_array_equal(layer_bias(plan, l)[0], layer_bias(ref, l)[0])
+        np.testing.assert_array_equal(dense_layer_bias(plan, l)[0], dense_layer_bias(ref, l)[0])
 
 
 @pytest.mark.parametrize("activation", ["dks_lrelu", "dks_gelu", "linear"])
@@ -85,7 +85,7 @@ def test_mlp_aware_reports_where_the_pre_image_is_not_realisable():
     assert [e["layer"] for e in report] == list(range(1, c.n_layer + 1))
     ref = make_plan(cfg(kernel_budget="independent"))
     for l in range(1, c.n_layer + 1):
-        for mine, theirs in zip(layer_bias(plan, l), layer_bias(ref, l)):
+        for mine, theirs in zip(dense_layer_bias(plan, l), dense_layer_bias(ref, l)):
             np.testing.assert_array_equal(mine, theirs)
 
 

@@ -5,7 +5,7 @@ FlashAttention papers, written with NumPy/CuPy array operations).
     BlockwiseAttention      the Function: forward and backward side by side, on raw xp arrays
     causal_attention(q, k, v, scale, block, bias=None, bias_block=None)   its Tensor spelling
     block_size(T, block)    the block size a call uses (block 0: chosen by T)
-    implementation(impl, T) "dense" or "blockwise" for GPTConfig.attention_impl at block_size T
+    implementation(cfg)     "dense" or "blockwise" for a model configuration
 
 Forward, for each query block I (rows [i0, i1)) and the key blocks J <= I (blocks entirely
 above the diagonal are skipped), with a running row maximum m, row sum l and output acc:
@@ -51,9 +51,13 @@ AUTO_BLOCK = 256        # block 0: min(T, AUTO_BLOCK) rows and columns per block
 AUTO_DENSE_MAX_T = 256  # attention_impl "auto": the dense reference up to this block_size
 
 
-def implementation(impl, T):
-    """What GPTConfig.attention_impl means for a model of block_size T: "dense" and
-    "blockwise" as given; "auto" is dense up to AUTO_DENSE_MAX_T positions, else blockwise."""
+def implementation(cfg):
+    """How a model's attention runs: GPTConfig.attention_impl "dense" and "blockwise" as
+    given; "auto" is dense up to AUTO_DENSE_MAX_T positions (block_size), else blockwise;
+    always dense with RealFormer's carried (B, H, T, T) scores (residual_attention)."""
+    impl, T = cfg.attention_impl, cfg.block_size
+    if cfg.residual_attention:
+        return "dense"
     if impl == "auto":
         return "dense" if T <= AUTO_DENSE_MAX_T else "blockwise"
     if impl not in ("dense", "blockwise"):

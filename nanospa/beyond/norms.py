@@ -1,6 +1,6 @@
-"""The norms beyond LayerNorm / RMSNorm / DyT (docs/norms.md): BatchNorm with running
-statistics and an optional causal (prefix) form, RepBN and PRepBN (SLAB, Guo et al. 2024),
-and GroupNorm. Shapes: x (B, T, C); a statistic is per channel.
+"""The norms beyond LayerNorm and RMSNorm (docs/norms.md): DyT (dynamic tanh), BatchNorm
+with running statistics and an optional causal (prefix) form, RepBN and PRepBN (SLAB, Guo et
+al. 2024), and GroupNorm. Shapes: x (B, T, C); a statistic is per channel.
 
     BatchNormOp   one fused op: y = (x - mu) r w + b, r = (var + eps)^-1/2, where mu and var
                   are the batch statistics of each window (all B T tokens, or causal: the
@@ -11,6 +11,7 @@ and GroupNorm. Shapes: x (B, T, C); a statistic is per channel.
     PRepBN        lambda LN(x) + (1 - lambda) (BN(x) + eta x), lambda 1 -> 0 over prepbn_steps
     GroupNorm     per token, over G groups of C / G channels: fused.layer_norm on a (B, T, G,
                   C / G) view, then a gain and bias per channel (G = 1 is LayerNorm)
+    DyT           w tanh(a x) + b with a learnable scalar a (Zhu et al. 2025)
     build(cfg)    the layer of cfg.norm, for model.make_norm
 
 Running statistics move once per optimiser step (after_step), not per forward: the
@@ -21,7 +22,7 @@ first), and updates running <- (1 - momentum) running + momentum average. With t
 as per-device BatchNorm does: the loss depends on how the batch is split, deterministically.
 Under MPI every rank keeps its own running statistics (rank 0's are checkpointed).
 
-Not here: LayerNorm, RMSNorm, DyT (nn.py); the train / eval flag (nn.Module.train); the
+Not here: LayerNorm, RMSNorm (nn.py); the train / eval flag (nn.Module.train); the
 kernel maps at init (signal/norm_maps.py); the future-leakage measurement (causality.py).
 """
 import warnings
@@ -31,7 +32,7 @@ import numpy as np
 from .. import backend
 from ..fused import LAYER_NORM_EPS, layer_norm
 from ..nn import LayerNorm, Module, Parameter
-from ..signal import BATCH_NORM_EPS
+from ..signal import BATCH_NORM_EPS, DYT_ALPHA
 from ..tensor import Function, Tensor
 
 BN_MOMENTUM = 0.1  # running <- 0.9 running + 0.1 batch statistic per step (PyTorch's default)
@@ -203,12 +204,29 @@ class GroupNorm(Module):
         return h.reshape(B, T, C) * self.weight + self.bias
 
 
+class DyT(Module):
+    """Dynamic tanh, a normalisation-free replacement for LayerNorm: w * tanh(a x) + b with a
+    learnable scalar a. Its initial value ``alpha`` has no default: it is a model choice
+    (nanospa.signal's DYT_ALPHA, which the signal-propagation predictions also use)."""
+
+    def __init__(self, dim, alpha, dtype="float32"):
+        super().__init__()
+        self.alpha = Parameter(np.full((1,), alpha), dtype=dtype, no_decay=True)
+        self.weight = Parameter(np.ones(dim), dtype=dtype, no_decay=True)
+        self.bias = Parameter(np.zeros(dim), dtype=dtype, no_decay=True)
+
+    def forward(self, x):
+        return (x * self.alpha).tanh() * self.weight + self.bias
+
+
 def build(cfg):
-    """The norm layer of cfg.norm when it is one of this module's (else None)."""
+    """The norm layer of cfg.norm, one of this module's (ValueError for any other name)."""
+    if cfg.norm == "dyt":
+        return DyT(cfg.n_embd, alpha=DYT_ALPHA, dtype=cfg.dtype)
     if cfg.norm == "groupnorm":
         return GroupNorm(cfg.n_embd, cfg.norm_groups, dtype=cfg.dtype)
     if cfg.norm not in ("batchnorm", "prepbn"):
-        return None
+        raise ValueError(f"unknown norm {cfg.norm!r}")
     if not cfg.norm_causal:
         warnings.warn(NON_CAUSAL.format(norm=cfg.norm))   # shown once per process (one source line)
     options = dict(causal=cfg.norm_causal, block_size=cfg.block_size, dtype=cfg.dtype)

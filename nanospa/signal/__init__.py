@@ -28,10 +28,10 @@ from .kernels import (kernel_matrix, q_values, normalised_kernel, mean_offdiag, 
                       value_skipinit_attention)
 from .cholesky import (checked_cholesky, transfer_matrix, sym_sqrt, noncausal_attention,
                        check_attention)
-from .attn_bias import (espa_log_attention, espa_attention, espa_bias_and_rescale,
-                        uspa_attention, uspa_bias_and_rescale, log_attention_from,
-                        bias_and_rescale, rescale, realise, spa_layer, spa_layers, spa_matrix,
-                        layer_bias)
+from .attn_bias import (espa_bias, uspa_bias, bias_block, layer_bias, dense_layer_bias,
+                        espa_attention,
+                        espa_attention_reference, uspa_attention, spa_matrix, rescale, realise,
+                        log_attention_from, bias_and_rescale)
 from .activations import LEAKY_RELU_SLOPE
 from .qc_maps import q_map, c_map
 from .act_transform import activation_transform, shaped_activation_names

@@ -1,16 +1,15 @@
 """SPA attention matrices in closed form, and their softmax realisation A = diag(D) softmax(B).
 
-Implements docs/method.md §6 (U-SPA), §7.2 (E-SPA closed form in log space), §8 (bias
-B_l and location-dependent rescaling D_l) and the numerics of §14/§15. Everything is
-float64 NumPy and built once for the longest sequence: every quantity here is prefix
-consistent (A[:t, :t] built at T equals A built at t). General kernels go through
-cholesky.transfer_matrix; target kernels and schedules live in kernels.py.
+Implements docs/method.md §6 (U-SPA), §7.2 (E-SPA closed form in log space) and §8 (bias
+B_l and location-dependent rescaling D_l), with the numerics of §14. Everything is float64
+NumPy and prefix consistent (A[:t, :t] built at T equals A built at t).
 
-Each layer's B_l is kept as O(T) numbers, its "parts" (espa_parts, uspa_parts), and any
-block of it, rows [i0, i1) by columns [j0, j1), is generated from them by bias_block; the
-dense (T, T) forms below (espa_bias_and_rescale, uspa_bias_and_rescale, spa_layer,
-layer_bias) are bias_block over the whole square, so a block and the slice of the dense
-matrix agree bit for bit. The model's blockwise attention asks for one block at a time.
+One source per kind: ``espa_bias`` and ``uspa_bias`` turn a layer's schedule values into
+the O(T) "parts" of its B_l and D_l, and ``bias_block`` generates any block of B_l from them
+(the whole square for a dense B_l, one (query, key) block at a time for the blockwise
+attention). ``layer_bias(plan, l)`` gives block l of a model its (parts, D_l): the model,
+the predictions and the command line all call it (dense_layer_bias: B_l as a matrix). ``espa_attention_reference`` is §7.2
+written out entry by entry, the dense reference the tests hold the O(T) form to.
 
 Notation (docs/method.md §1, §7.2, §8)
 
@@ -20,14 +19,14 @@ Notation (docs/method.md §1, §7.2, §8)
     a           sqrt(1 - exp(-2 gamma)), r = a_l / a_{l-1}
     A           (T, T) lower-triangular, non-negative attention matrix of layer l
     logA        log A, -inf above the diagonal (and wherever A is exactly 0)
-    B           bias: logA - logsumexp_row(logA), entries <= 0, -inf above the diagonal
-    D           (T,) row sums of A = exp(logsumexp_row(logA)); A = diag(D) softmax(B)
-    lse         log D, the row normaliser of B (a part)
+    B           bias: logA - log D, entries <= 0, -inf above the diagonal
+    D           (T,) row sums of A; A = diag(D) softmax(B)
+    lse         log D, the row normaliser of B (one of the parts)
 """
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .kernels import DEFAULT_GAMMA_FINAL, DEFAULT_RHO_FINAL, SPA_KINDS, check_T, flush, spa_schedule
+from .kernels import check_T, flush
 
 NEG_RTOL = 1e-12   # entries of A in [-NEG_RTOL max|A|, 0) are rounding (closed forms: ~1e-16)
 
@@ -42,9 +41,20 @@ def _check_order(name, value, prev, increasing):
 
 # ---------------------------------------------------------------- E-SPA (method §7.2)
 
-def _espa_parts(T, gamma, gamma_prev):
-    """O(T) pieces of E-SPA's log A: v[k] = log A[i, i-k] for columns j >= 1 (A is
-    Toeplitz there), c[i] = log A[i, 0], and logD[i] = log of row sum i."""
+def espa_bias(T, gamma, gamma_prev):
+    """E-SPA's B_l and D_l (method §7.2, §8) as O(T) parts, from the closed form of
+    A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 in log space:
+
+        A_1 (gamma_prev = inf): A[i, 0] = e^{-g i}, A[i, j] = a e^{-g (i-j)}     (1 <= j <= i)
+        A_l, l >= 2: A[0, 0] = 1, A[i, i] = r, A[i, 0] = (e^{-g} - r e^{-g_prev}) e^{-g (i-1)},
+                     A[i, j] = r (e^{-g} - e^{-g_prev}) e^{-g (i-j-1)}                (1 <= j < i)
+
+    log A is Toeplitz in i - j off the first column: v[k] = log A[i, i-k] (j >= 1), c[i] =
+    log A[i, 0], and log D[i] = log of row i's sum, by log-sum-exp of the first column and
+    the closed-form geometric sum of the rest: no exp underflow, O(T), exact to rounding.
+    Needs gamma <= gamma_prev (then every entry is >= 0); gamma == gamma_prev gives A = I.
+    -> {"kind": "espa", "u": v reversed and padded (see _toeplitz_block), "c", "lse": log D};
+    bias_block(parts, ...) gives B = log A - log D, and D = exp(parts["lse"])."""
     T = check_T(T)
     if not gamma > 0 or not gamma_prev > 0:
         raise ValueError(f"gammas must be > 0 (or inf), got gamma={gamma!r}, gamma_prev={gamma_prev!r}")
@@ -53,7 +63,7 @@ def _espa_parts(T, gamma, gamma_prev):
     v, c, logD = np.full(T, -np.inf), np.full(T, -np.inf), np.zeros(T)
     v[0] = c[0] = 0.0
     if gamma == gamma_prev:                                   # A = I (also gamma = inf)
-        return v, c, logD
+        return _espa(v, c, logD)
     g = float(gamma)
     log_a = 0.5 * np.log(-np.expm1(-2.0 * g))
     geo = np.expm1(-g * k) / np.expm1(-g)                      # geo[n] = sum_{m<n} e^{-g m}
@@ -75,7 +85,12 @@ def _espa_parts(T, gamma, gamma_prev):
             # row i >= 1: r (1 + w geo[i-1]); row 0 has no entries with j >= 1
             log_interior = np.concatenate([[-np.inf], log_r + np.log1p(w * geo[:-1])])
     logD = np.logaddexp(c, log_interior)                        # first column + interior
-    return v, c, logD
+    return _espa(v, c, logD)
+
+
+def _espa(v, c, logD):
+    u = np.concatenate([v[::-1], np.full(v.size - 1, -np.inf)])
+    return {"kind": "espa", "u": u, "c": c, "lse": logD}
 
 
 def _toeplitz_block(u, c, shift, i0, i1, j0, j1, out=None, dtype=np.float64):
@@ -94,40 +109,29 @@ def _toeplitz_block(u, c, shift, i0, i1, j0, j1, out=None, dtype=np.float64):
     return out
 
 
-def espa_parts(T, gamma, gamma_prev):
-    """E-SPA's B_l in O(T) numbers (the Toeplitz part v, the first column c, the row
-    normaliser lse = log D): {"kind": "espa", "u": v reversed and padded (see
-    _toeplitz_block), "c", "lse"}; bias_block generates any block of B from them."""
-    v, c, logD = _espa_parts(T, gamma, gamma_prev)
-    u = np.concatenate([v[::-1], np.full(v.size - 1, -np.inf)])
-    return {"kind": "espa", "u": u, "c": c, "lse": logD}
-
-
-def espa_log_attention(T, gamma, gamma_prev, out=None, dtype=np.float64):
-    """log A_l for E-SPA (method §7.2), (T, T), -inf above the diagonal; no exp underflow.
-
-    A_1 (gamma_prev = inf): A[i, 0] = e^{-g i}, A[i, j] = a e^{-g (i-j)} for 1 <= j <= i.
-    A_l, l >= 2: A[0, 0] = 1, A[i, i] = r, A[i, j] = r (e^{-g} - e^{-g_prev}) e^{-g (i-j-1)}
-    for 1 <= j < i, A[i, 0] = (e^{-g} - r e^{-g_prev}) e^{-g (i-1)}. Needs gamma <= gamma_prev
-    (then every entry is >= 0); gamma == gamma_prev gives I. `out` is an optional (T, T)
-    buffer to fill; `dtype` (when out is None) rounds the float64 values once on write."""
-    p = espa_parts(T, gamma, gamma_prev)
-    return _toeplitz_block(p["u"], p["c"], np.zeros(p["c"].size), 0, p["c"].size, 0, p["c"].size, out, dtype)
-
-
 def espa_attention(T, gamma, gamma_prev):
-    """A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 for E-SPA (exp of espa_log_attention)."""
-    return np.exp(espa_log_attention(T, gamma, gamma_prev))
+    """A_l of E-SPA, dense (T, T) float64: exp of log A from espa_bias (its parts with a zero
+    row normaliser), entries below kernels.TINY flushed to 0."""
+    p = dict(espa_bias(T, gamma, gamma_prev), lse=np.zeros(check_T(T)))
+    with np.errstate(under="ignore"):
+        return flush(np.exp(bias_block(p, 0, T, 0, T)))
 
 
-def espa_bias_and_rescale(T, gamma, gamma_prev, out=None, dtype=np.float64):
-    """(B, D) for E-SPA without forming A: B = logA - log D, D = row sums. log D comes from
-    log-sum-exp of the first-column term and the closed-form geometric sum of the Toeplitz
-    part, O(T) and exact to rounding. B is finite on the lower triangle whenever
-    gamma < gamma_prev (gamma == gamma_prev gives A = I, B = -inf off the diagonal).
-    `out`/`dtype` as in espa_log_attention; D is always float64, shape (T,)."""
-    p = espa_parts(T, gamma, gamma_prev)
-    return bias_block(p, 0, T, 0, T, dtype, out), np.exp(p["lse"])
+def espa_attention_reference(T, gamma, gamma_prev):
+    """A_l of E-SPA written entry by entry from docs/method.md §7.2, in float64 with exp (it
+    underflows where espa_bias does not: a reference for small T, for the tests)."""
+    A = np.zeros((T, T))
+    a = np.sqrt(1 - np.exp(-2 * gamma))
+    for i in range(T):
+        for j in range(i + 1):
+            if np.isinf(gamma_prev):                                            # layer 1
+                A[i, j] = np.exp(-gamma * i) if j == 0 else a * np.exp(-gamma * (i - j))
+            else:
+                r = a / np.sqrt(1 - np.exp(-2 * gamma_prev))
+                A[i, j] = (1.0 if i == 0 else r if i == j else
+                           (np.exp(-gamma) - r * np.exp(-gamma_prev)) * np.exp(-gamma * (i - 1)) if j == 0 else
+                           r * (np.exp(-gamma) - np.exp(-gamma_prev)) * np.exp(-gamma * (i - j - 1)))
+    return A
 
 
 # ---------------------------------------------------------------- U-SPA (method §6)
@@ -151,8 +155,8 @@ def _check_rhos(rho, rho_prev):
     _check_order("rho", rho, rho_prev, increasing=True)
 
 
-def uspa_parts(T, rho, rho_prev):
-    """U-SPA's A_l in O(T) numbers: A[i, j] = phi_j - psi_i (j < i), A[i, i] = diag_i, with
+def uspa_bias(T, rho, rho_prev):
+    """U-SPA's B_l and D_l (method §6, §8) as O(T) parts of A_l: A[i, j] = phi_j - psi_i (j < i), A[i, i] = diag_i, with
     phi_j = c'_j / d_j + G_j, psi_i = G_{i-1} + d'_i beta_i / d_i, G_m = sum_{k<=m} c'_k beta_k / d_k
     (primes: layer l, rho; plain: layer l-1, rho_prev), and the row sums in O(T):
     D_i = diag_i + sum_{j<i} phi_j - i psi_i, summed in extended precision (np.longdouble)
@@ -192,43 +196,22 @@ def _uspa_block(p, i0, i1, j0, j1):
     return A
 
 
-def uspa_attention(T, rho, rho_prev, out=None):
-    """A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 for U-SPA in closed form (uspa_parts), O(T^2).
-    The difference phi - psi makes tiny entries accurate to about 1e-16 absolute, not
-    relative. `out`: optional (T, T) buffer."""
-    A = _uspa_block(uspa_parts(T, rho, rho_prev), 0, T, 0, T)
-    if out is None:
-        return A
-    out[...] = A
-    return out
-
-
-def uspa_bias_and_rescale(T, rho, rho_prev, out=None):
-    """(B, D) for U-SPA: D the row sums of A (uspa_parts, O(T)), B = log A - log D, -inf
-    above the diagonal. Entries that rounding pushed below 0 (at most about 1e-16, see
-    uspa_attention) are treated as 0. `out`: optional (T, T) buffer."""
-    p = uspa_parts(T, rho, rho_prev)
-    return bias_block(p, 0, T, 0, T, out=out), np.exp(p["lse"])
+def uspa_attention(T, rho, rho_prev):
+    """A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 for U-SPA in closed form (uspa_bias), dense
+    (T, T) float64. The difference phi - psi makes tiny entries accurate to about 1e-16
+    absolute, not relative: entries rounding made negative are set to 0, those below
+    kernels.TINY flushed to 0."""
+    return flush(np.maximum(_uspa_block(uspa_bias(T, rho, rho_prev), 0, T, 0, T), 0.0))
 
 
 # ---------------------------------------------------------------- blocks of B (O(T) state)
 
-def bias_parts(kind, T, value, value_prev):
-    """The O(T) parts of one layer's B_l (espa_parts or uspa_parts; value = gamma_l or rho_l,
-    value_prev that of layer l-1); D_l = exp(parts["lse"])."""
-    if kind == "espa":
-        return espa_parts(T, value, value_prev)
-    if kind == "uspa":
-        return uspa_parts(T, value, value_prev)
-    raise ValueError(f"kind must be 'espa' or 'uspa', got {kind!r}")
-
-
 def bias_block(parts, i0, i1, j0, j1, dtype=np.float64, out=None):
     """B[i0:i1, j0:j1] (queries i, keys j) generated from a layer's O(T) parts, computed in
     float64 and rounded once to `dtype` (or written into `out`): the same operations as the
-    dense (T, T) closed form, so a block equals the slice of the dense B bit for bit. -inf
-    above the diagonal. Parts: espa_parts, uspa_parts, or {"kind": "dense", "B": B} for a
-    policy's own B_l (no closed form: plan overrides of mlp_aware), which is sliced."""
+    whole square, so a block equals the slice of the dense B bit for bit. -inf above the
+    diagonal. Parts: espa_bias's, uspa_bias's, or {"kind": "dense", "B": B} for a policy's
+    own B_l (no closed form: plan overrides of mlp_aware), which is sliced."""
     kind = parts["kind"]
     if kind == "espa":
         return _toeplitz_block(parts["u"], parts["c"], parts["lse"], i0, i1, j0, j1, out, dtype)
@@ -298,76 +281,42 @@ def realise(B, D, T=None):
     return flush(rescale(P, np.asarray(D, dtype=np.float64)))
 
 
-# ---------------------------------------------------------------- per-layer build
-
-def spa_layer(kind, T, value, value_prev, with_logA=True, buffers=None, dtype=np.float64):
-    """One layer's {"logA", "B", "D"} for kind "espa" (value = gamma_l, value_prev =
-    gamma_{l-1}) or "uspa" (rho_l, rho_{l-1}), dense, from the O(T) parts (bias_parts,
-    bias_block; log A is bias_block with a zero row normaliser); logA is None when
-    with_logA=False. `buffers` is an optional dict of (T, T) arrays {"logA", "B"} to fill,
-    so a caller building many layers at large T does not allocate each time. logA and B are
-    computed in float64 and rounded once to `dtype`; D stays float64."""
-    buffers = buffers or {}
-    parts = bias_parts(kind, T, value, value_prev)
-    logA = None
-    if with_logA:
-        logA = bias_block(dict(parts, lse=np.zeros(T)), 0, T, 0, T, dtype, buffers.get("logA"))
-    B = bias_block(parts, 0, T, 0, T, dtype, buffers.get("B"))
-    return {"logA": logA, "B": B, "D": np.exp(parts["lse"])}
-
+# ---------------------------------------------------------------- per layer
 
 def spa_matrix(kind, T, value, value_prev):
-    """The attention-only SPA A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 of kind "espa" or
-    "uspa" in closed form, (T, T) float64, entries below kernels.TINY flushed to 0."""
+    """The attention-only SPA A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 of kind "espa" (value =
+    gamma_l) or "uspa" (rho_l) in closed form, (T, T) float64."""
     if kind == "espa":
-        with np.errstate(under="ignore"):
-            return flush(np.exp(espa_log_attention(T, value, value_prev)))
+        return espa_attention(T, value, value_prev)
     if kind == "uspa":
-        return flush(np.maximum(uspa_attention(T, value, value_prev), 0.0))
+        return uspa_attention(T, value, value_prev)
     raise ValueError(f"kind must be 'espa' or 'uspa', got {kind!r}")
 
 
-def layer_parts(plan, l, T=None):
+def layer_bias(plan, l, T=None):
     """(parts, D_l) of block l (1-based) of a kernel-budget plan (budget.make_plan) for the
-    first T positions (default plan.block_size), in O(T) numbers: the closed-form parts along
-    the plan's schedule (bias_parts) with D_l = exp(lse), or where the policy moved A_l off
-    the schedule's closed form, its own D_l (qpreserve: override (None, D_l)) and, with no
-    closed form left for B_l (mlp_aware: override (B_l, D_l)), {"kind": "dense", "B": B_l}.
-    The plan is read by duck typing (kind, schedule, overrides, block_size)."""
+    first T positions (default plan.block_size): B_l as O(T) parts along the plan's schedule
+    (espa_bias or uspa_bias of gamma_l / rho_l and the previous layer's; bias_block generates
+    B_l from them) with D_l = exp(lse), or, where the policy moved A_l off the schedule's
+    closed form, its own D_l (qpreserve: override (None, D_l)) and, with no closed form left
+    for B_l (mlp_aware: override (B_l, D_l)), {"kind": "dense", "B": B_l}. What the model's
+    SPA attention adds to its logits and multiplies its output by; the predictions and
+    `python -m nanospa.signal` read the same. The plan is read by duck typing (kind,
+    schedule, overrides, block_size)."""
     T = plan.block_size if T is None else T
     own = plan.overrides[l - 1] if plan.overrides is not None else None
     if own is not None and own[0] is not None:
         return {"kind": "dense", "B": own[0][:T, :T]}, own[1][:T]
-    parts = bias_parts(plan.kind, T, plan.schedule[l], plan.schedule[l - 1])
+    source = {"espa": espa_bias, "uspa": uspa_bias}.get(plan.kind)
+    if source is None:
+        raise ValueError(f"layer_bias: plan of kind {plan.kind!r} has no SPA bias (expected 'espa' or 'uspa')")
+    parts = source(T, plan.schedule[l], plan.schedule[l - 1])
     return parts, (np.exp(parts["lse"]) if own is None else own[1][:T])
 
 
-def layer_bias(plan, l, T=None):
-    """(B_l, D_l) of block l of a plan, dense: B (T, T) float64, -inf above the diagonal,
-    generated from layer_parts; D (T,). The readable reference (tests, trace, small T)."""
+def dense_layer_bias(plan, l, T=None):
+    """(B_l, D_l) of block l with B_l dense, (T, T) float64, -inf above the diagonal:
+    layer_bias, and bias_block over the whole square (the table, the predictions, small T)."""
     T = plan.block_size if T is None else T
-    parts, D = layer_parts(plan, l, T)
+    parts, D = layer_bias(plan, l, T)
     return bias_block(parts, 0, T, 0, T), D
-
-
-def spa_layers(kind, T, n_layer, gamma_final=DEFAULT_GAMMA_FINAL, rho_final=DEFAULT_RHO_FINAL, with_logA=True,
-               reuse_buffers=False, dtype=np.float64):
-    """Yield, for l = 1..L, {"l", "logA", "B", "D", "gamma" or "rho"} along the default
-    schedules (kernels.espa_gammas / kernels.uspa_rhos). A generator: at T = 8192 one
-    float64 (T, T) matrix is 0.5 GB, so layers are built one at a time. With
-    reuse_buffers=True the yielded logA and B arrays are overwritten by the next
-    layer: copy or cast them before advancing. Cost is dominated by writing the (T, T)
-    outputs (memory bandwidth): about 45 ms per float64 matrix at T = 8192 on one core."""
-    T = check_T(T)
-    if kind not in SPA_KINDS:
-        raise ValueError(f"kind must be 'espa' or 'uspa', got {kind!r}")
-    name = "gamma" if kind == "espa" else "rho"
-    sched = spa_schedule(kind, n_layer, gamma_final if kind == "espa" else rho_final)
-    buffers = None
-    if reuse_buffers:
-        buffers = {"B": np.empty((T, T), dtype)}
-        if with_logA:
-            buffers["logA"] = np.empty((T, T), dtype)
-    for l in range(1, len(sched)):
-        layer = spa_layer(kind, T, sched[l], sched[l - 1], with_logA, buffers, dtype)
-        yield {"l": l, name: float(sched[l]), **layer}

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .attn_bias import layer_parts, realise
+from .attn_bias import layer_bias, realise
 from .budget import make_plan
 from .inputs import input_kernel
 from .kernels import kernel_stats, spa_kernel, uniform_causal_attention, value_skipinit_attention
@@ -53,7 +53,7 @@ def effective_attention(cfg, plan, layer, T):
     rotates zero queries and changes nothing."""
     bias = logit_bias(cfg, plan, layer, T)
     if plan.kind is not None:
-        return realise(bias, layer_parts(plan, layer, T)[1])
+        return realise(bias, layer_bias(plan, layer, T)[1])
     if cfg.attention == "value_skipinit":
         return value_skipinit_attention(T)                    # alpha I + beta P at init: I
     if cfg.zero_query:

@@ -10,7 +10,7 @@ duck typing (GPTConfig's fields).
 """
 import numpy as np
 
-from .attn_bias import layer_bias, layer_parts, realise
+from .attn_bias import dense_layer_bias, layer_bias, realise
 from .budget import make_plan
 from .inputs import input_kernel
 from .kernels import kernel_stats, spa_kernel, uniform_causal_attention
@@ -53,7 +53,7 @@ def attention_only_kernels(cfg, plan=None, T=None):
     for l in range(1, cfg.n_layer + 1):
         bias = logit_bias(cfg, plan, l, T)
         if plan.kind is not None:
-            A = realise(bias, layer_parts(plan, l, T)[1])
+            A = realise(bias, layer_bias(plan, l, T)[1])
         elif cfg.attention == "softmax":
             A = uniform_causal_attention(T) if bias is None else realise(bias, np.ones(T))
         else:
@@ -104,7 +104,7 @@ def layer_table(cfg, plan=None, measured=None, predicted=None, T=None):
                    target=summary(chain[l]), model=summary(model[l]),
                    measured=None if measured is None else summary(measured[l]))
         if l and plan.kind is not None:
-            B, D = layer_bias(plan, l, T)
+            B, D = dense_layer_bias(plan, l, T)
             A = realise(B, D)
             row.update(schedule=plan.schedule[l], D_min=float(D.min()), D_max=float(D.max()),
                        A_min=float(A[np.tril_indices(T)].min()),

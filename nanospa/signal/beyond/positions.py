@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from ..attn_bias import layer_bias
+from ..attn_bias import dense_layer_bias
 
 ROPE_BASE = 10000.0       # RoPE's wavelength base (Su et al. 2021)
 ALIBI_BASE_EXPONENT = 8.0  # ALiBi's geometric slopes 2^(-8 h / H) (Press et al. 2022)
@@ -93,7 +93,7 @@ def logit_bias(cfg, plan, l, T):
     bias = None
     for source in (plan if plan.kind is not None else None, getattr(plan, "prior", None)):
         if source is not None:
-            bias = layer_bias(source, l, T)[0]
+            bias = dense_layer_bias(source, l, T)[0]
     if cfg.pos == "alibi":
         alibi = alibi_bias(alibi_slopes(cfg.n_head), 0, T, 0, T)
         bias = alibi if bias is None else bias + alibi
