@@ -261,7 +261,7 @@ class GPT(Module):
             self.wpe = Embedding(cfg.block_size, C, std=math.sqrt(signal.POS_VARIANCE), rng=rng, dtype=dt)
         elif cfg.pos == "sinusoidal":
             self.register_buffer("pe", weight(signal.sinusoidal_encoding(cfg.block_size, C), dt))
-        elif cfg.pos not in ("none",) + positions.IN_ATTENTION:
+        elif cfg.pos not in ("none", "alibi", "rope", "spa_prior"):   # the last three: in Attention
             raise ValueError(f"GPT: unknown pos {cfg.pos!r}")
         if cfg.residual == "ngpt":
             self.blocks = [ngpt.Block(cfg, Attention(cfg, bias, rng), act, rng) for bias in biases]

@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from nanospa import GPT, GPTConfig, signal
+from nanospa import GPT, GPTConfig, config, signal
 from nanospa.gradcheck import check_directions
 from nanospa.model import ShapedActivation
 from nanospa.tensor import Tensor
@@ -28,15 +28,29 @@ def perturb(model, scale=0.2, seed=1):
 IDX = np.array([[1, 4, 4, 0, 9, 2], [3, 3, 7, 10, 1, 5]])
 TARGETS = np.roll(IDX, -1, axis=1)
 
-COMBOS = [(a, r, n, p) for a, r, n, p in itertools.product(
-    ["softmax", "value_skipinit", "uspa", "espa"], ["none", "standard", "normalised"],
-    ["none", "layernorm", "rmsnorm", "dyt"], ["pre", "post"]) if not (n == "none" and p == "post")]
+def combos():
+    """Every attention x residual x norm x norm_position GPTConfig accepts, from its own lists
+    (a value added there is checked here without a test edit); positions learned with a norm."""
+    out = []
+    for a, r, n, p in itertools.product(config.ATTENTIONS, config.RESIDUALS, config.NORMS, config.NORM_POSITIONS):
+        if n == "none" and p == "post":
+            continue                                      # the same model as pre
+        try:
+            tiny(attention=a, residual=r, norm=n, norm_position=p, pos=_pos(r, n))
+        except ValueError:                                # a contradiction the config names (e.g. DeepNorm pre)
+            continue
+        out.append((a, r, n, p))
+    return out
 
 
-@pytest.mark.parametrize("attention,residual,norm,position", COMBOS)
+def _pos(residual, norm):
+    return "learned" if norm != "none" and residual != "ngpt" else "none"
+
+
+@pytest.mark.filterwarnings("ignore:norm=")          # BatchNorm / PRepBN's future-leak warning
+@pytest.mark.parametrize("attention,residual,norm,position", combos())
 def test_model_directional_gradcheck(attention, residual, norm, position):
-    cfg = tiny(attention=attention, residual=residual, norm=norm, norm_position=position,
-               pos="learned" if norm != "none" else "none")
+    cfg = tiny(attention=attention, residual=residual, norm=norm, norm_position=position, pos=_pos(residual, norm))
     model = GPT(cfg, seed=0)
     perturb(model)
     err = check_directions(lambda: model(IDX, TARGETS)[1], model.parameters(), n_directions=2)
@@ -262,3 +276,23 @@ def test_after_step_calls_each_module_hook_once_in_module_order():
     assert calls == [0, 1]
     model.after_step()                    # a model without hooks: nothing (and no error)
     assert calls == [0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("attention", config.ATTENTIONS)
+@pytest.mark.parametrize("zero_query", [False, True])
+def test_the_model_at_init_is_what_signal_says_each_attention_is(attention, zero_query):
+    """The attention matrices a fresh model applies (its trace) are, layer by layer, the one
+    definition of each attention at initialisation (signal.predict.effective_attention); a
+    softmax with random queries has none and is data-dependent."""
+    from nanospa.signal.predict import effective_attention
+    cfg = tiny(attention=attention, zero_query=zero_query and attention == "softmax", n_layer=3)
+    model = GPT(cfg, seed=0)
+    tr = model.trace(IDX)
+    for l in range(1, cfg.n_layer + 1):
+        A = effective_attention(cfg, model.plan, l, IDX.shape[1])
+        if A is None:
+            assert attention == "softmax" and not cfg.zero_query
+            continue
+        for h in range(cfg.n_head):
+            np.testing.assert_allclose(tr.attention[l - 1][:, h], np.broadcast_to(A, tr.attention[l - 1][:, h].shape),
+                                       rtol=1e-12, atol=1e-14)

@@ -14,10 +14,9 @@ the same weights. ``sdpa=True`` swaps in torch's fused scaled_dot_product_attent
 (B_l and the causal mask as one additive mask), for reference only; D_l scales the rows of
 the attention output either way, since diag(D) (P V) = (diag(D) P) V.
 
-Supported: attention softmax | value_skipinit | uspa | espa; residual none | standard |
-normalised; norm none | layernorm | rmsnorm (pre or post); pos none | learned | sinusoidal;
-every base activation of functions.Shaped. Not supported: norm="dyt" | "batchnorm" | "prepbn" |
-"groupnorm", bias=True.
+Implemented: the values of IMPLEMENTED below, and every base activation of
+signal.activations (PHI). check(cfg) refuses any other configuration with a line naming the
+setting, so a speed ratio is never reported between two different models.
 
 Not here: the timing (bench_measure.py), the command line (bench.py). Only nanospa's
 modules import this file, and only after `import torch` has worked.
@@ -28,16 +27,30 @@ import torch
 import torch.nn.functional as TF
 
 from ..fused import LAYER_NORM_EPS, RMS_NORM_EPS   # nanospa's norms' eps, so both compute the same
+from ..signal import split_activation
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+IMPLEMENTED = dict(attention=("softmax", "value_skipinit", "uspa", "espa"), residual=("none", "standard", "normalised"),
+                   norm=("none", "layernorm", "rmsnorm"), pos=("none", "learned", "sinusoidal"),
+                   residual_attention=(False,), bias=(False,))
+PHI = {"relu": torch.relu, "gelu": lambda u: TF.gelu(u, approximate="tanh"), "gelu_exact": TF.gelu,
+       "sigmoid": torch.sigmoid, "tanh": torch.tanh, "softplus": TF.softplus, "elu": TF.elu,
+       "swish": TF.silu, "linear": lambda u: u}   # leaky_relu: TF.leaky_relu with the model's slope
+
+
+def check(cfg):
+    """ValueError naming the first setting of cfg this yardstick does not implement."""
+    for key, values in IMPLEMENTED.items():
+        if getattr(cfg, key) not in values:
+            raise ValueError(f"the PyTorch yardstick does not implement {key}={getattr(cfg, key)!r} "
+                             f"(it implements {list(values)}): no speed ratio for this model")
+    if split_activation(cfg.activation)[0] not in {*PHI, "leaky_relu"}:
+        raise ValueError(f"the PyTorch yardstick does not implement activation={cfg.activation!r}")
 
 
 def _act(base, a, b, s, o, slope):
     """phi_hat(x) = s (phi(a x + b) + o), nanospa's functions.Shaped."""
-    phi = {"relu": torch.relu, "leaky_relu": lambda u: TF.leaky_relu(u, slope),
-           "gelu": lambda u: TF.gelu(u, approximate="tanh"), "gelu_exact": TF.gelu,
-           "sigmoid": torch.sigmoid, "tanh": torch.tanh, "softplus": TF.softplus, "elu": TF.elu,
-           "swish": TF.silu, "linear": lambda u: u}[base]
+    phi = (lambda u: TF.leaky_relu(u, slope)) if base == "leaky_relu" else PHI[base]
 
     def f(x):
         u = x * a if a != 1.0 else x
@@ -55,8 +68,7 @@ class TorchGPT(torch.nn.Module):
     def __init__(self, model, device="cpu", sdpa=False):
         super().__init__()
         cfg = model.config
-        if cfg.norm not in ("none", "layernorm", "rmsnorm") or cfg.bias:
-            raise ValueError(f"the PyTorch yardstick implements neither norm={cfg.norm!r} nor bias=True")
+        check(cfg)
         self.cfg, self.sdpa = cfg, sdpa
         dt = _DTYPES[cfg.dtype]
         state = model.state_dict()

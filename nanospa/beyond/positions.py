@@ -60,9 +60,6 @@ class Rope(Function):
         return _rotate(ctx.xp, g, ctx.cos, ctx.sin, -1)
 
 
-IN_ATTENTION = ("alibi", "rope", "spa_prior")   # the pos values that act in the logits, not the embedding
-
-
 def rope(x, cos, sin):
     """RoPE on a Tensor x (..., T, D) -> (..., T, D)."""
     return Rope.apply(x, cos=cos, sin=sin)

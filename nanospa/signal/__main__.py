@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 
 from .budget import make_plan
+from .predict import ATTENTION_AT_INIT
 from .table import check_depths, format_table, layer_table, predicted_kernels
 
 SETTINGS = dict(
@@ -109,10 +110,7 @@ def run(argv):
         print(f"measured: GPT at init, n_embd={s['width']}, float64, {s['batch']} sequences of "
               f"{'distinct tokens' if s['tokens'] == 'distinct' else 'text from ' + s['data']}, seed {s['seed']}")
     rows = layer_table(cfg, plan, measured, predicted)
-    target_note = {"softmax": "uniform causal attention (W^Q = 0; method §3.4)" if cfg.pos not in ("alibi", "spa_prior")
-                   else f"softmax of the fixed logit bias ({cfg.pos}; W^Q = 0; docs/positions.md)",
-                   "value_skipinit": "identity (beta = 0 at init)"}.get(cfg.attention, "the plan's A_l = D_l softmax(B_l)")
-    print(f"attn-only: the attention-only network, {target_note}; model: the whole model predicted "
+    print(f"attn-only: the attention-only network, {ATTENTION_AT_INIT[cfg.attention]}; model: the whole model predicted "
           "in the wide limit; measured: the GPT at init\n")
     print(format_table(cfg, rows, s["every"]))
     if s["plot"]:

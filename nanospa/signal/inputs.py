@@ -61,7 +61,7 @@ def input_kernel(tokens=None, T=None, pos="none", n_embd=None, pos_variance=POS_
             raise ValueError(f"T={T} does not match len(tokens)={t.size}")
         T = t.size
         same = (t[:, None] == t[None, :]).astype(np.float64)
-    if pos in POSITIONS and pos not in ADDITIVE_POSITIONS:
+    if pos in ("none", "alibi", "rope", "spa_prior"):          # nothing added to the embedding
         return same
     if not 0.0 < pos_variance < 1.0:
         raise ValueError(f"pos_variance must be in (0, 1), got {pos_variance}")

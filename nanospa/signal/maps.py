@@ -197,7 +197,9 @@ class BlockMaps:
             return dyt_map(Sigma)
         if self.cfg.norm in ("batchnorm", "prepbn", "groupnorm"):
             return init_norm_map(Sigma, self.cfg, self.batch)
-        return Sigma
+        if self.cfg.norm == "none":
+            return Sigma
+        raise ValueError(f"BlockMaps: no kernel map for norm {self.cfg.norm!r}")
 
     def embedding(self, Sigma_0):
         """The kernel of the embedding output for a given input kernel (here itself)."""
@@ -243,8 +245,10 @@ class BlockMaps:
             out = self.a2 * Sigma_x + self.b2 * Sigma_h
         elif r == "deepnorm":
             out = self.a2 * Sigma_x + Sigma_h
-        else:
+        elif r == "none":
             out = Sigma_h
+        else:
+            raise ValueError(f"BlockMaps: no kernel map for residual {r!r}")
         if self.cfg.norm != "none" and self.cfg.norm_position == "post":
             out = self.norm(out)
         return out

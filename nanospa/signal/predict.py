@@ -45,14 +45,29 @@ from .beyond.positions import logit_bias, rope_frequencies
 SUBLAYERS = ("attn_branch", "attn", "mlp_branch", "mlp")
 
 
+# What each attention of GPTConfig is at initialisation: effective_attention computes it, and
+# the predictions, the kernel budget, `python -m nanospa.signal` and the tests of the model's
+# own trace at init all read it from there. A kind missing here is refused everywhere.
+ATTENTION_AT_INIT = {
+    "softmax": "uniform causal attention (W^Q = 0 or zero_query; method §3.4), or the softmax of the "
+               "fixed logit bias with ALiBi or the SPA prior; with random W^Q a mean field",
+    "value_skipinit": "the identity (alpha I + beta P with beta = 0; method §4)",
+    "uspa": "A_l = diag(D_l) softmax(B_l), the plan's U-SPA matrix (method §6, §8)",
+    "espa": "A_l = diag(D_l) softmax(B_l), the plan's E-SPA matrix (method §7, §8)",
+}
+
+
 def effective_attention(cfg, plan, layer, T):
     """A_l of block `layer` (1-based) at init, (T, T) or, with ALiBi, one per head (H, T, T);
     None for softmax with random queries (then the kernel map is maps.softmax_attention_map).
     With W^Q = 0 the logits are the fixed bias alone (positions.logit_bias: SPA's B_l or
     the prior's, plus ALiBi), so A_l = diag(D_l) softmax(bias), D_l = 1 without SPA; RoPE
     rotates zero queries and changes nothing."""
+    if cfg.attention not in ATTENTION_AT_INIT:
+        raise ValueError(f"attention {cfg.attention!r} is not in signal/predict.py's ATTENTION_AT_INIT: "
+                         "nothing says what it is at initialisation (docs/adding_a_variant.md)")
     bias = logit_bias(cfg, plan, layer, T)
-    if plan.kind is not None:
+    if cfg.attention in ("uspa", "espa"):
         return realise(bias, layer_bias(plan, layer, T)[1])
     if cfg.attention == "value_skipinit":
         return value_skipinit_attention(T)                    # alpha I + beta P at init: I

@@ -8,15 +8,16 @@ Not here: the command line (__main__.py), measuring a real model (nanospa/measur
 signal/), Figure 1's heatmaps (nanospa/experiments/fig1.py). The configuration is read by
 duck typing (GPTConfig's fields).
 """
+import copy
+
 import numpy as np
 
-from .attn_bias import dense_layer_bias, layer_bias, realise
+from .attn_bias import dense_layer_bias, realise
 from .budget import make_plan
 from .inputs import input_kernel
-from .kernels import kernel_stats, spa_kernel, uniform_causal_attention
+from .kernels import kernel_stats, spa_kernel
 from .maps import attention_map
-from .beyond.positions import logit_bias
-from .predict import predict_kernels
+from .predict import ATTENTION_AT_INIT, effective_attention, predict_kernels
 
 
 def default_depths(L):
@@ -51,13 +52,11 @@ def attention_only_kernels(cfg, plan=None, T=None):
     plan = plan or make_plan(cfg)
     out = [np.eye(T)]
     for l in range(1, cfg.n_layer + 1):
-        bias = logit_bias(cfg, plan, l, T)
-        if plan.kind is not None:
-            A = realise(bias, layer_bias(plan, l, T)[1])
-        elif cfg.attention == "softmax":
-            A = uniform_causal_attention(T) if bias is None else realise(bias, np.ones(T))
-        else:
-            A = np.eye(T)
+        A = effective_attention(cfg, plan, l, T)
+        if A is None:                                  # random queries: the zero-query picture (§3.4)
+            zero = copy.copy(cfg)
+            zero.zero_query = True
+            A = effective_attention(zero, plan, l, T)
         out.append(attention_map(out[-1], A) if A.ndim == 3 else A @ out[-1] @ A.T)
     return out
 
