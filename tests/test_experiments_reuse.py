@@ -36,13 +36,14 @@ def test_longer_takes_fig2s_identical_runs_and_ends_as_if_it_trained_them(tmp_pa
 def test_a_job_that_differs_in_any_field_is_trained():
     job = dict(label="pre_ln", config=dict(n_layer=4), steps=3, lr=1e-3, seed=0, optimizer={}, batch_size=2,
                warmup=None, min_lr_ratio=0.1, weight_decay=0.0, grad_clip=1.0, eval_batches=1, log_every=1,
-               data="default", device="cpu", tokenizer="byte")
+               data="default", device="cpu", tokenizer="byte", batches="data.get_batch")
     run = dict(key=reuse.job_key(job), history=[[0, 5.0]], label="pre_ln")
-    reusable = dict(keyed={run["key"]: (run, {"from": "x/result.json", "commit": "abc"})}, legacy=[])
+    reusable = dict(keyed={run["key"]: (run, {"from": "x/result.json", "commit": "abc"})})
     taken, todo = reuse.take([dict(job, label="other")], reusable)          # the label is not identity
     assert [r["label"] for _, r in taken] == ["other"] and todo == []
     for field, value in [("lr", 3e-3), ("seed", 1), ("steps", 4), ("config", dict(n_layer=5)),
-                         ("tokenizer", "bpe:300"), ("data", "shakespeare"), ("warmup", 0), ("device", "cuda")]:
+                         ("tokenizer", "bpe:300"), ("data", "shakespeare"), ("warmup", 0), ("device", "cuda"),
+                         ("batches", "another sampler")]:
         taken, todo = reuse.take([dict(job, **{field: value})], reusable)
         assert taken == [] and len(todo) == 1, field
 
@@ -55,32 +56,26 @@ def test_a_bad_reuse_path_is_one_error_line_and_status_2(tmp_path, capsys):
     assert not (out / "result.json").exists()
 
 
-def test_runs_written_before_keys_are_matched_field_by_field(tmp_path, capsys):
-    """A result.json without job keys (as written before --reuse existed): its runs are
-    taken where label, rate, seed, the config (with today's defaults filled in), steps and
-    the settings agree, flagged legacy; a different batch size or config is retrained."""
+def test_runs_of_the_former_batch_sampler_are_never_taken(tmp_path, capsys):
+    """Results written before the experiments drew train.py's batches (no key, or a key that
+    names no sampler) ran other windows than any job today: every run is trained again."""
     a, b = tmp_path / "old", tmp_path / "new"
-    common = ["--preset=tiny", "--lrs=1e-3,3e-3"]
-    assert fig2.main(common + ["--methods=espa,pre_ln", f"--out={a}"]) == 0
+    common = ["--preset=tiny", "--lrs=1e-3", "--seeds=3"]
+    assert fig2.main(common + ["--methods=espa", f"--out={a}"]) == 0
     old = json.loads((a / "result.json").read_text())
-    for m in old["methods"].values():
-        for r in m["runs"]:
-            del r["key"]
-        m["config"].pop("prepbn_eta")                # a field added after the old result
+    jobs = _jobs(old)
+    assert reuse.take(jobs, reuse.load([a]))[1] == []                 # today's keys: all taken
+    runs = old["methods"]["espa"]["runs"]
+    job = json.loads(runs[0]["key"])
+    del job["batches"]
+    runs[0]["key"] = json.dumps(job)                                  # as keyed before the shared sampler
+    del runs[1]["key"]                                                # as written before keys
     (a / "result.json").write_text(json.dumps(old))
+    taken, todo = reuse.take(jobs, reuse.load([a]))
+    assert len(taken) == len(jobs) - 2 and len(todo) == 2
     capsys.readouterr()
-    assert fig2.main(common + ["--methods=espa,pre_ln,uspa", f"--out={b}", f"--reuse={a}"]) == 0
-    assert "4 of them reused" in capsys.readouterr().out
-    got = json.loads((b / "result.json").read_text())
-    for label in ("espa", "pre_ln"):
-        for r, o in zip(_runs(got, label), _runs(old, label)):
-            assert r["reused"]["legacy"] is True and r["history"] == o["history"] and r["key"]
-    assert not any(r.get("reused") for r in got["methods"]["uspa"]["runs"])
-    assert "warm-up not recorded there" in (b / "table.md").read_text()
-    loaded = reuse.load([a])
-    jobs = [dict(job, batch_size=3) for job in _jobs(got)] + [dict(job, config=dict(job["config"], n_layer=5))
-                                                              for job in _jobs(got)]
-    assert reuse.take(jobs, loaded)[0] == []
+    assert fig2.main(common + ["--methods=espa", f"--out={b}", f"--reuse={a}"]) == 0
+    assert f"{len(jobs) - 2} of them reused" in capsys.readouterr().out
 
 
 def _jobs(result):

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import train
+from nanospa.run import step
 from nanospa.run import checkpoint, rundir
 from nanospa.run.checkpoint import load_checkpoint
 
@@ -243,7 +244,7 @@ def test_out_of_memory_is_one_line_naming_the_sizes(tmp_path, text_file, capsys,
     def no_memory(*a, **k):
         raise MemoryError("Unable to allocate 96.0 GiB for an array with shape (16, 4, 64, 64)")
 
-    monkeypatch.setattr(train, "sharded_backward", no_memory)
+    monkeypatch.setattr(step, "sharded_backward", no_memory)
     assert train.main(args(text_file, tmp_path / "out")) == 2
     line = error_line(capsys)
     assert line.startswith("error: out of memory (Unable to allocate 96.0 GiB") and "batch_size" in line

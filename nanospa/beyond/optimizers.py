@@ -7,11 +7,10 @@ the one function that builds the optimiser from them.
                         beta2 are the betas of its Adam fallback (embeddings, gains, scalars)
 
 Both follow the same learning-rate schedule and clipping (the caller sets ``.lr`` each
-step and clips the gradients). A K-FAC step also needs ``curvature(optimizer, x, y)``
-between the training backward and the clipping; for AdamW that call does nothing.
+step; run/step.py clips the gradients and calls K-FAC's update_curvature between the
+training backward and the clipping).
 
-Not here: the optimisers themselves (optim.py, kfac.py), the training loop (train.py,
-experiments/common.py).
+Not here: the optimisers themselves (optim.py, kfac.py), the training step (run/step.py).
 """
 OPTIMIZERS = ("adamw", "kfac")
 
@@ -57,10 +56,3 @@ def make_optimizer(s, model, seed=0, rank=0, allreduce=None):
     return KFAC(model, lr=s["learning_rate"], adam_betas=betas, weight_decay=s["weight_decay"],
                 seed=seed + 1000 * rank, allreduce=allreduce,
                 **{k[len("kfac_"):]: s[k] for k in KFAC_KEYS})
-
-
-def curvature(optimizer, x, y):
-    """K-FAC's curvature pass on this step's batch (x, y host arrays); nothing for AdamW."""
-    update = getattr(optimizer, "update_curvature", None)
-    if update is not None:
-        update(x, y)

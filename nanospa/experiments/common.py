@@ -2,34 +2,31 @@
 linear warm-up then cosine decay, global-norm clipping), without checkpoints or progress
 bars, returning the loss history as plain numbers.
 
+The step is train.py's (nanospa/run/step.py) and so are the batches (data.get_batch). The
+results committed before 2026-12-02 were made with a sampler of the experiments' own whose
+window starts stopped one short of data.get_batch's ([0, N - T - 1) for [0, N - T)); their
+runs are not reused for new jobs (runner.BATCHES is part of a job's key).
+
 Not here: which runs to make and how to compare them (runner.py), writing results
 (report.py), checkpoints, logs and the command line of a single run (train.py).
-
-get_batch here draws window starts from [0, N - T - 1), one fewer than data.get_batch's
-[0, N - T): the recorded experiment results (results/) were made with this one, so it stays
-until they are rerun.
 """
 import math
 import time
 
 import numpy as np
 
+from data import get_batch
+
 from .. import backend
+from ..beyond.optimizers import OPTIMIZER_DEFAULTS, make_optimizer
 from ..model import GPT
-from ..optim import clip_grad_norm, cosine_lr
-from ..beyond.optimizers import OPTIMIZER_DEFAULTS, curvature, make_optimizer
+from ..optim import cosine_lr
+from ..run.step import train_step
 from ..tensor import no_grad
 
 EVAL_SEED = 12345         # the fixed evaluation batches: the same for every model and seed
 BETAS = (0.9, 0.95)       # AdamW betas, as train.py's defaults
 WARMUP_DIVISOR = 10       # warmup=None: steps // WARMUP_DIVISOR linear warm-up steps
-
-
-def get_batch(tokens, batch_size, block_size, rng):
-    """Random windows of block_size + 1 tokens: inputs (B, T) and next-token targets (B, T)."""
-    starts = rng.integers(0, len(tokens) - block_size - 1, size=batch_size)
-    window = np.stack([np.asarray(tokens[s: s + block_size + 1], dtype=np.int64) for s in starts])
-    return window[:, :-1], window[:, 1:]
 
 
 def evaluate(model, tokens, batch_size, block_size, n_batches, seed=EVAL_SEED):
@@ -68,18 +65,11 @@ def train_run(cfg, train_tokens, val_tokens, *, steps, lr, batch_size=8, seed=0,
     for it in range(steps):
         opt.lr = cosine_lr(it, lr, warmup, steps, lr * min_lr_ratio)
         x, y = get_batch(train_tokens, batch_size, T, rng)
-        _, loss = model(x, y)
-        loss.backward()
-        curvature(opt, x, y)                       # K-FAC's factors; nothing for AdamW
-        norm = clip_grad_norm(model.parameters(), grad_clip)
-        value = loss.item()
+        value, norm = train_step(model, opt, x, y, grad_clip)     # train.py's step: no update if not finite
         if not (math.isfinite(value) and math.isfinite(norm)):
             diverged = True
             history.append((it, float("nan")))
             break
-        opt.step()
-        opt.zero_grad()
-        model.after_step()
         if it % log_every == 0 or it == steps - 1:
             history.append((it, value))
         if eval_every and (it + 1) % eval_every == 0:

@@ -2,27 +2,24 @@
 (--reuse=PATH[,PATH]), e.g. longer's 400-step Pre-LN, control and E-SPA runs from fig2's.
 
     job_key(job)            the identity of a run: every field of its job but the method's label
-    load(paths)             the runs of earlier results: keyed, and legacy (written before keys)
+    load(paths)             the runs of earlier results, by key
     take(jobs, loaded)      (runs to reuse, jobs still to train)
 
 A run is reused only when its job is identical: the full GPTConfig, steps, learning rate,
 seed, warm-up, optimiser settings, batch, evaluation batches, logging interval, data,
-tokenizer and device. A GPTConfig field added after a run was written is filled in with
-its default (at which, by the project's rule, a new field changes nothing). What the key
-cannot see is the code: a reused run records the result and commit it came from
-("reused": {"from", "commit"}), and reuse is never implicit.
+tokenizer, device and the batch sampler (runner.BATCHES). A GPTConfig field added after a
+run was written is filled in with its default (at which, by the project's rule, a new field
+changes nothing). What the key cannot see is the code: a reused run records the result and
+commit it came from ("reused": {"from", "commit"}), and reuse is never implicit.
 
-Runs written before keys existed (legacy) are matched by method label, rate and seed, then
-checked field by field: the GPTConfig (the old one with today's defaults for fields added
-since), steps, optimiser, logging interval and the result's batch, evaluation, data,
-tokenizer and device settings. Their warm-up was not recorded, so it is the one field
-taken on trust; such runs say "legacy": true and table.md counts them apart.
+Runs of results written before the experiments shared train.py's batches (2026-12-02: their
+keys name no sampler, or they have no key) drew other windows than any job today, so none
+of them is ever taken: such a folder can be read, and every run of it is trained again.
 """
 import json
 from pathlib import Path
 
 SKIP = ("label",)     # one run may serve several experiments under another label
-SETTINGS = ("batch_size", "min_lr_ratio", "weight_decay", "grad_clip", "eval_batches", "data", "device", "tokenizer")
 
 
 def job_key(job):
@@ -30,16 +27,14 @@ def job_key(job):
 
 
 def load(paths):
-    """dict(keyed={key: (run, origin)}, legacy=[(label, method, run, settings, origin)]) of
-    the runs in the result.json files (or folders holding one) that paths names; a missing
-    or unreadable file is a ValueError naming it."""
-    keyed, legacy = {}, []
+    """dict(keyed={key: (run, origin)}) of the runs in the result.json files (or folders
+    holding one) that paths names; a missing or unreadable file is a ValueError naming it."""
+    keyed = {}
     for p in paths:
         path = Path(p) / "result.json" if Path(p).is_dir() else Path(p)
         try:
             result = json.loads(path.read_text(encoding="utf-8"))
             methods = [(label, m, list(m["runs"])) for label, m in result["methods"].items()]
-            settings = dict(result["settings"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"reuse: cannot read runs from {path} ({type(e).__name__})") from None
         here = {"from": str(path), "commit": (result.get("provenance") or {}).get("commit")}
@@ -48,9 +43,7 @@ def load(paths):
                 key = _current_key(r["key"]) if r.get("key") else None
                 if key:                # a run reused there keeps pointing at where it was trained
                     keyed.setdefault(key, (r, r.get("reused") or here))
-                elif not r.get("reused"):
-                    legacy.append((label, m, r, settings, dict(here, legacy=True)))
-    return dict(keyed=keyed, legacy=legacy)
+    return dict(keyed=keyed)
 
 
 def _current_key(key):
@@ -65,30 +58,12 @@ def _current_key(key):
     return job_key(job)
 
 
-def _same_legacy_job(job, method, run, settings):
-    from ..config import GPTConfig
-    if run["lr"] != job["lr"] or run["seed"] != job["seed"]:
-        return False
-    try:
-        config = GPTConfig(**method["config"]).to_dict()     # today's defaults for newer fields
-    except (TypeError, ValueError):
-        return False
-    its = [h[0] for h in run.get("history") or []]          # the logging interval, from the records
-    return (config == job["config"] and method["steps"] == job["steps"]
-            and dict(method.get("optimizer") or {}) == job["optimizer"]
-            and (len(its) < 2 or its[1] - its[0] == job["log_every"])
-            and all(settings.get(k, "byte" if k == "tokenizer" else None) == job[k] for k in SETTINGS))
-
-
 def take(jobs, loaded):
     """([(job, run)] reused, [job] to train): each reused run relabelled to its job's label
     and carrying its job's key."""
     reused, todo = [], []
     for job in jobs:
         hit = loaded["keyed"].get(job_key(job))
-        if hit is None:
-            hit = next(((r, origin) for label, m, r, s, origin in loaded["legacy"]
-                        if label == job["label"] and _same_legacy_job(job, m, r, s)), None)
         if hit is None:
             todo.append(job)
             continue

@@ -46,6 +46,7 @@ from .report import (STALL_MARGIN, duration, fmt, load_average, markdown, per_by
 STOPPED = "stopped: result.json holds the finished runs; the running ones were stopped"
 LOSS_DECIMALS = 5     # loss histories in result.json: float32 losses, 5 decimals suffice
 CURVE_POINTS = 1000   # at most about this many training-loss records per run
+BATCHES = "data.get_batch"   # the batch sampler, in every job's key (experiments/common.py)
 
 DEFAULTS = dict(
     preset="quick",
@@ -253,7 +254,7 @@ def make_jobs(s, methods, configs):
                                  min_lr_ratio=s["min_lr_ratio"], weight_decay=s["weight_decay"],
                                  grad_clip=s["grad_clip"], eval_batches=s["eval_batches"],
                                  log_every=max(1, steps // CURVE_POINTS), data=s["data"], device=s["device"],
-                                 tokenizer=s["tokenizer"]))
+                                 tokenizer=s["tokenizer"], batches=BATCHES))
     return jobs
 
 

@@ -1,0 +1,179 @@
+"""A training run's bookkeeping, for train.py: its settings on resume, its out_dir, its
+processes and its signals, each behind one call, so that train.py shows the training.
+
+    with Session(argv, defaults, presets, check, model_keys) as run:
+        run.settings            the command line over the defaults (--preset first), or on
+                                resume over the checkpoint's own settings; checked (check), the
+                                schedule made the run's (lr_decay_iters 0 -> the first max_iters)
+        run.world               the processes (run/distributed.py; one without mpiexec)
+        run.nothing_to_do       resume at max_iters (a line says so)
+        run.begin(model, optimizer, rng, data)   -> (start, best_val, evaluate_now): restore
+                                a checkpoint, or replace a held run and write iter 0's; the
+                                log cut back to the checkpoint and opened for appending
+        run.log(record)         a record of log.jsonl (rank 0 writes)
+        run.save(n, loss)       the checkpoint of the state after n steps (finite only)
+        run.stop_signal()       SIGINT / SIGTERM received on any rank (a collective), or None
+        run.signum              the signal this process received, or None
+        run.last_good()         the checkpoint a message names
+
+One run per out_dir (run.lock), and SIGINT / SIGTERM handled from the start: before begin()
+a signal stops at once, after it the loop saves and stops (rundir.Interrupts). With
+eval_only nothing is locked or written. The file formats and their checks live in
+rundir.py and checkpoint.py; what a run does each step lives in train.py.
+"""
+import math
+import os
+import sys
+from contextlib import ExitStack
+
+from . import distributed
+from .checkpoint import (NotFiniteError, check_same_data, check_same_model, data_identity, load_checkpoint,
+                         restore, save_checkpoint, training_state)
+from .rundir import Interrupts, RunFiles, RunLock, check_run_dir, heal_log, held_files
+from .settings import SettingsError, parse_settings
+
+PER_RUN = ("out_dir", "init_from", "overwrite", "new_data", "eval_only", "preset")  # never from a checkpoint
+
+
+class Diverged(RuntimeError):
+    """A non-finite or exploded loss, gradient, parameter or optimiser state (exit status 1)."""
+
+
+def settings_of(argv, defaults, presets):
+    """--key=value over `defaults` by nanospa's one settings parser (run/settings.py): typed
+    like the default, --preset=NAME first, a bare --flag for a bool key; SettingsError names
+    a bad one."""
+    s = parse_settings(argv, defaults, presets)
+    del s["_explicit"]                                # not a setting: checkpoints store the rest
+    return s
+
+
+class Session:
+    def __init__(self, argv, defaults, presets, check, model_keys):
+        self.argv, self.defaults, self.presets, self.check, self.model_keys = argv, defaults, presets, check, model_keys
+        self.settings = settings_of(argv, defaults, presets)
+        check_run_dir(self.settings["out_dir"])       # a file or a folder where one is expected: refused now
+        self.world = distributed.world()              # size 1 without mpiexec: every collective is a no-op
+        self.ckpt, self.start, self.nothing_to_do = None, 0, False
+        self._stack = ExitStack()
+
+    # ---- the settings, before any data is read --------------------------------------
+    def __enter__(self):
+        s, world = self.settings, self.world
+        self.stop = self._stack.enter_context(Interrupts())
+        if not s["eval_only"] and world.is_main:      # eval_only reads and writes nothing: no lock
+            lock = self._stack.enter_context(RunLock(s["out_dir"]))
+            for note in lock.notes:
+                print(note, file=sys.stderr)
+        try:
+            self._resolve()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.files.close()
+        self._stack.close()
+
+    def _resolve(self):
+        s, world = self.settings, self.world
+        out_dir = s["out_dir"]
+        self.files = RunFiles(out_dir, writer=world.is_main)    # ckpt.npz and log.jsonl; rank 0 writes
+        explicit = {a[2:].partition("=")[0] for a in self.argv}
+        if s["init_from"] == "resume":                # the checkpoint's settings, then the command line's
+            self.ckpt = world.bcast(load_checkpoint(self.files.ckpt) if world.is_main else None)
+            saved = {k: v for k, v in self.ckpt["settings"].items() if k in self.defaults and k not in PER_RUN}
+            s = self.settings = settings_of(self.argv, {**self.defaults, **saved, "out_dir": out_dir}, self.presets)
+            check_same_model(s, saved, self.model_keys + ["optimizer", "tokenizer"])
+            self.start = int(self.ckpt["state"]["iter"])
+        self.check(s, explicit, "from the checkpoint" if self.ckpt else "the default")
+        world.check_batch(s["batch_size"])            # one line on every rank, before any collective
+        if not world.is_main:
+            sys.stdout = open(os.devnull, "w")        # rank 0 alone prints; errors still reach stderr
+        if not s["eval_only"]:
+            held = held_files(out_dir)
+            if not self.ckpt and held and not s["overwrite"]:
+                raise SettingsError(f"--out_dir={out_dir} holds a run ({', '.join(held)}): continue it with "
+                                    f"--init_from=resume, choose another --out_dir, or replace it with --overwrite=True")
+            if self.ckpt and s["max_iters"] < self.start:
+                raise SettingsError(f"max_iters={s['max_iters']} is below the iteration of {self.files.ckpt} "
+                                    f"({self.start}): a resumed run cannot go back; pass a larger --max_iters, "
+                                    "or --eval_only=True")
+            if self.ckpt and s["max_iters"] == self.start:
+                print(f"nothing to do: {self.files.ckpt} is at iter {self.start} = max_iters; pass --max_iters=N "
+                      f"with N > {self.start} to train further")
+                self.nothing_to_do = True
+        # The schedule is the run's: lr_decay_iters=0 becomes this run's max_iters, stored so in the
+        # checkpoint, so that a resumed run with a larger max_iters does not re-stretch the cosine.
+        s["lr_decay_iters"] = s["lr_decay_iters"] or s["max_iters"]
+        if (self.ckpt and s["lr_decay_iters"] < s["max_iters"] and "lr_decay_iters" not in explicit
+                and not s["eval_only"] and not self.nothing_to_do):
+            print(f"note: the schedule is the run's: its cosine decay ends at iter {s['lr_decay_iters']} "
+                  f"(lr_decay_iters), so iters {max(self.start, s['lr_decay_iters'])}..{s['max_iters']} train "
+                  f"at min_lr={s['min_lr']:g}; --lr_decay_iters={s['max_iters']} stretches it instead")
+
+    # ---- the state: restored, or started ------------------------------------------------
+    def begin(self, model, optimizer, rng, ds):
+        """Restore the checkpoint's state (weights, optimiser, batch generator, iteration) on
+        resume; cut the log back to it. -> (start, best validation loss, whether to evaluate
+        the model before the first step: at init, and for eval_only)."""
+        s, world, files = self.settings, self.world, self.files
+        self.data = data_identity(ds.meta, s["data"])  # recorded in each checkpoint
+        best_val = math.inf
+        if self.ckpt:
+            new = check_same_data(files.ckpt, self.ckpt["state"].get("data"), self.data, s["new_data"])
+            self.start, best_val = restore(self.ckpt, optimizer, rng, model, files.ckpt)
+            files.saved_iter = self.start
+            if new:
+                best_val = math.inf
+                print(f"note: --new_data=True: training on {ds.name}, not the checkpoint's corpus; the best "
+                      "validation loss starts afresh")
+            print(f"resumed from {files.ckpt} at iter {self.start}")
+        self.model, self.optimizer, self.rng, self.best_val = model, optimizer, rng, best_val
+        if s["eval_only"]:
+            return self.start, best_val, True
+        self.stop.arm()                               # from here on a signal saves the state first
+        kept, notes = heal_log(files.log_path, self.start) if self.ckpt and world.is_main else (0, [])
+        for note in notes:
+            print(note, file=sys.stderr)
+        kept = world.bcast(kept)                      # whether to evaluate now must agree (a collective)
+        if not self.ckpt and world.is_main:
+            for name in held_files(s["out_dir"]):      # --overwrite=True: the old run goes now, not before
+                os.remove(os.path.join(s["out_dir"], name))
+        if not self.ckpt:
+            self.save(0, None)                        # every run that started can be resumed
+        files.open()
+        return self.start, best_val, self.start == 0 and kept == 0
+
+    # ---- the files ---------------------------------------------------------------------
+    def log(self, record, sync=False):
+        self.files.write(record, sync=sync)
+
+    def save(self, n, loss):
+        """The checkpoint of the state after n steps; only a finite one is written."""
+        try:
+            self.files.save(n, lambda path: save_checkpoint(
+                path, self.model, self.optimizer, self.settings, self.model.config,
+                training_state(n, self.best_val, self.rng, self.data, loss)))
+        except NotFiniteError as e:
+            raise Diverged(f"{e}; stopped. Last good checkpoint: {self.last_good()}") from None
+
+    def last_good(self):
+        return self.files.last_good()
+
+    def stop_signal(self):
+        """The signal that reached any rank (a collective: every rank calls it each step), or None."""
+        signum = self.world.max(self.stop.signum or 0)
+        if signum:
+            self.stop.signum = signum
+        return signum or None
+
+    @property
+    def signum(self):
+        """The signal this process received (or stop_signal saw on another rank), or None."""
+        return self.stop.signum
+
+    @property
+    def resume_command(self):
+        return self.files.resume
