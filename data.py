@@ -23,48 +23,27 @@ Dataset.bytes_per_token holds each split's UTF-8 bytes per token (1 for byte tok
 that a loss in nats per token can also be given per byte (Dataset.per_byte).
 
 The last val_fraction of the tokens is the validation split, except for sources that
-bring their own splits (WikiText archives and folders), which also give a test split.
-
-A cache entry is the folder <cache>/<source key>/ (see corpus.cache_root):
-
-    tokens.bin    all tokens of the dataset, token_dtype(VOCAB_SIZE)
-    meta.json     format, source, fingerprint, bytes, sha256, dtype, vocab_size,
-                  fixed splits, build time, and what the source adds
-
-It is rebuilt only when FORMAT_VERSION or the source's fingerprint changed (a source
-file's size or modification time or, for `default`, the Python version), or tokens.bin
-has the wrong size. Both files are written through corpus.atomic_write.
+bring their own splits (WikiText archives and folders), which also give a test split. The
+cache entry of a dataset (tokens.bin, meta.json) is nanospa/run/cache.py's.
 """
-import hashlib
-import json
-import os
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from nanospa.run import corpus
 from nanospa.run import tokenizer as subword
+from nanospa.run.cache import BYTE_VOCAB, TOKENS_FILE, check_cache, entry, naming_entry, token_dtype  # noqa: F401 (token_dtype: data's API)
 from nanospa.run.corpus import DataError
 from nanospa.run.settings import parse_settings, run_command
 
-VOCAB_SIZE = 256                       # byte-level tokens
-FORMAT_VERSION = 1                     # bump when the cache entry's layout changes
+VOCAB_SIZE = BYTE_VOCAB                # byte-level tokens
 DEFAULT_VAL_FRACTION = 0.1             # the last 10% is validation, as in nanoGPT
-TOKENS_FILE, META_FILE = "tokens.bin", "meta.json"     # the two files of a cache entry
 COUNT_CHUNK = 1 << 24                  # tokens per np.bincount call (it widens them to intp)
 
 
 # ----------------------------------------------------------------------------- tokens
-
-def token_dtype(vocab_size):
-    """Smallest unsigned dtype that holds ids 0..vocab_size-1 (uint8 up to 256, else uint16)."""
-    if not 1 <= vocab_size <= np.iinfo(np.uint16).max + 1:
-        raise ValueError(f"vocab_size must be in 1..{np.iinfo(np.uint16).max + 1}, got {vocab_size}")
-    return np.dtype(np.uint8) if vocab_size <= np.iinfo(np.uint8).max + 1 else np.dtype(np.uint16)
-
 
 def encode(text):
     """str -> int64 array of UTF-8 byte values, shape (len(text.encode()),)."""
@@ -124,58 +103,6 @@ class Dataset:
 
 # ----------------------------------------------------------------------------- cache entry
 
-def _read_meta(folder, src):
-    """meta.json of a complete, up-to-date cache entry, else None."""
-    try:
-        meta = json.loads((folder / META_FILE).read_text())
-        ok = (meta.get("format") == FORMAT_VERSION and meta.get("fingerprint") == src.fingerprint
-              and (folder / TOKENS_FILE).stat().st_size
-              == meta["bytes"] * np.dtype(meta["dtype"]).itemsize)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return meta if ok else None
-
-
-def _build(folder, src):
-    """Write folder/tokens.bin (the source's bytes, which are its tokens) and meta.json."""
-    t0 = time.perf_counter()
-    folder.mkdir(parents=True, exist_ok=True)
-    sha, n, bounds = hashlib.sha256(), 0, {}
-    with corpus.atomic_write(folder / TOKENS_FILE) as out:
-        for split, chunks in src.splits:
-            start = n
-            for chunk in chunks():          # validated UTF-8 bytes = byte tokens
-                out.write(chunk)
-                sha.update(chunk)
-                n += len(chunk)
-            if split is not None:
-                bounds["val" if split == "valid" else split] = [start, n]
-        if n == 0:
-            raise DataError(f"{src.name}: no text in {src.origin}")
-    meta = {"format": FORMAT_VERSION, "name": src.name, "description": src.description,
-            "source": src.origin, "fingerprint": src.fingerprint, "bytes": n,
-            "sha256": sha.hexdigest(), "dtype": str(token_dtype(VOCAB_SIZE)),
-            "vocab_size": VOCAB_SIZE, "fixed_splits": bounds or None,
-            "build_seconds": round(time.perf_counter() - t0, 3), **src.extra}
-    with corpus.atomic_write(folder / META_FILE) as f:
-        f.write(json.dumps(meta, indent=1, sort_keys=True).encode())
-    return meta
-
-
-def check_cache(cache_dir=None):
-    """corpus.cache_root(cache_dir), or DataError naming it and what set it when it is a file
-    or lies under one (or a dangling link), so that no cache entry can be built there."""
-    root = p = corpus.cache_root(cache_dir)
-    while not (p.exists() or p.is_symlink()) and p != p.parent:
-        p = p.parent
-    if not p.is_dir():
-        where = ("--cache_dir" if cache_dir else f"env {corpus.CACHE_ENV}" if os.environ.get(corpus.CACHE_ENV)
-                 else "the default")
-        what = "a dangling link" if p.is_symlink() else "a file"
-        raise DataError(f"cache folder {root} (from {where}): {p} is {what}, not a folder")
-    return root
-
-
 def check_tokenizer(spec):
     """TokenizerError (one line) unless spec is "byte" or "bpe:N" with `tokenizers` installed."""
     return subword.check(spec)
@@ -198,9 +125,7 @@ def load_dataset(spec="default", cache_dir=None, val_fraction=DEFAULT_VAL_FRACTI
         raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction!r}")
     cache = check_cache(cache_dir)                     # DataError: a file where the folder should be
     src = corpus.resolve(spec, cache)
-    folder = cache / src.key
-    with _naming_entry(folder):
-        meta = _read_meta(folder, src) or _build(folder, src)
+    folder, meta = entry(src, cache)                   # built once, then memory-mapped (run/cache.py)
     tokens = np.memmap(folder / TOKENS_FILE, dtype=meta["dtype"], mode="r")
     bounds = meta["fixed_splits"]
     if bounds:
@@ -216,7 +141,7 @@ def load_dataset(spec="default", cache_dir=None, val_fraction=DEFAULT_VAL_FRACTI
     if kind == "bpe":                                  # the same byte splits, as BPE tokens
         ident = dict(fingerprint=meta["fingerprint"], sha256=meta["sha256"], bytes=meta["bytes"],
                      splits={name: [s.start, s.stop] for name, s in splits.items()})
-        with _naming_entry(folder):
+        with naming_entry(folder):
             arrays, codec, bpe = subword.bpe_splits(folder / f"bpe-{n}", arrays, ident, n)
         extra = dict(tokenizer=tokenizer, codec=codec, bytes_per_token={
             k: v / max(1, bpe["splits"][k][1] - bpe["splits"][k][0]) for k, v in bpe["bytes_per_split"].items()})
@@ -227,18 +152,6 @@ def load_dataset(spec="default", cache_dir=None, val_fraction=DEFAULT_VAL_FRACTI
                              "val_fraction": None if bounds else val_fraction})
     return Dataset(meta["name"], meta["description"], arrays["train"], arrays["val"], test, meta["vocab_size"],
                    meta, str(folder), **extra)
-
-
-@contextmanager
-def _naming_entry(folder):
-    """An OSError naming no file (a full disk, a read-only cache) as a DataError naming the entry."""
-    try:
-        yield
-    except OSError as e:
-        if e.filename:
-            raise
-        raise DataError(f"cannot write the cache entry {folder} ({e.strerror or e}); make room or set "
-                        f"{corpus.CACHE_ENV} to another folder") from None
 
 
 # ----------------------------------------------------------------------------- batches

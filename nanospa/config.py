@@ -7,12 +7,11 @@ A bad field raises ValueError naming the field and the allowed values. Not here:
 the model (model.py) and the signal-propagation numbers it is initialised with
 (nanospa/signal, read by duck typing from these fields).
 """
-import math
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from .beyond import schemes
+from .beyond import norms, schemes
 from .signal import BUDGETS, POSITIONS, shaped_activation_names, split_activation
 from .signal.activations import ACTIVATIONS
 from .signal.kernels import DEFAULT_RHO_FINAL
@@ -21,7 +20,6 @@ ATTENTIONS = ("softmax", "value_skipinit", "uspa", "espa")
 BASE_ACTIVATIONS = tuple(ACTIVATIONS)   # the one registry of phi (signal/activations.py)
 RESIDUALS = ("none", "standard", "normalised", "deepnorm", "ngpt")   # the last two: docs/residuals.md
 NORMS = ("none", "layernorm", "rmsnorm", "dyt", "batchnorm", "prepbn", "groupnorm")
-BATCH_NORMS = ("batchnorm", "prepbn")  # statistics over the batch and positions (nanospa/beyond/norms.py)
 NORM_POSITIONS = ("pre", "post")
 DTYPES = ("float32", "float64")
 MIN_SPA_BLOCK = 2     # U-SPA / E-SPA: a kernel over one position has no correlation to schedule
@@ -122,24 +120,8 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.tau must be > 0, got {self.tau}")
         if self.shaping_depth < 0:
             raise ValueError(f"GPTConfig.shaping_depth must be >= 0, got {self.shaping_depth}")
-        self._check_norm_fields()
+        norms.check_config(self)            # norm_groups, prepbn_*, norm_causal (docs/norms.md)
         schemes.check_config(self)          # deepnorm, ngpt, residual_attention (docs/residuals.md)
-
-    def _check_norm_fields(self):
-        """norm_groups, prepbn_steps, prepbn_eta, norm_causal (docs/norms.md)."""
-        for name, low in (("norm_groups", 1), ("prepbn_steps", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-                raise ValueError(f"GPTConfig.{name} must be an integer >= {low}, got {value!r}")
-        if not (isinstance(self.prepbn_eta, (int, float, np.floating, np.integer)) and math.isfinite(self.prepbn_eta)):
-            raise ValueError(f"GPTConfig.prepbn_eta must be a finite number, got {self.prepbn_eta!r}")
-        if self.norm == "groupnorm" and self.n_embd % self.norm_groups:
-            raise ValueError(f"GPTConfig.norm_groups={self.norm_groups} does not divide n_embd={self.n_embd}")
-        if not isinstance(self.norm_causal, (bool, np.bool_)):
-            raise ValueError(f"GPTConfig.norm_causal must be True or False, got {self.norm_causal!r}")
-        if self.norm_causal and self.norm not in BATCH_NORMS:
-            raise ValueError(f"GPTConfig.norm_causal=True applies to norm in {list(BATCH_NORMS)}, "
-                             f"not norm={self.norm!r}")
 
     @property
     def head_size(self):

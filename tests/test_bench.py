@@ -20,6 +20,8 @@ from nanospa.bench.command import DEFAULTS, MODEL_KEYS, main, parse_args
 from nanospa.bench.measure import CONFIGS, model_flops
 from nanospa.run.settings import SettingsError
 
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -27,7 +27,7 @@ from nanospa.run import corpus
 
 
 # every test: no network, and the default cache is a fresh temporary folder
-pytestmark = pytest.mark.usefixtures("isolated_data")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("isolated_data")]
 
 
 # ----------------------------------------------------------------------------- default corpus

@@ -21,6 +21,8 @@ from nanospa import GPT, GPTConfig, Tensor, backend
 from nanospa.run import distributed
 from nanospa.run.distributed import DistributedError, World, buckets, launched_size
 
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "mpi_worker.py"
 RTOL = 1e-10          # float64 losses of N = 1 and N = 2 (the bound; seen: about 3e-16)

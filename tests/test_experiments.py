@@ -16,6 +16,8 @@ import pytest
 from nanospa.experiments.__main__ import COMMANDS, main
 from nanospa.experiments.controls import POSITION_CONTROLS
 
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAINING = ("fig2", "table1", "fig3", "table2", "longer", "kfac", "norms")
 EXPECTED_METHODS = {

@@ -1,9 +1,12 @@
 """--reuse (nanospa/experiments/reuse.py): a run of an identical job is taken from an earlier
 result.json instead of being trained again, with its origin recorded; a job that differs in
 any field is trained; a bad path is one error line before any work."""
+import pytest
 import json
 
 from nanospa.experiments import fig2, longer, reuse
+
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
 
 
 def _runs(result, label):

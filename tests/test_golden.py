@@ -2,9 +2,12 @@
 and the signal command's text, recorded before the architecture redesign, reproduced to
 1e-12. When behaviour is meant to change, rerun `python tests/golden.py --write` and say why
 in the commit."""
+import pytest
 import json
 
 import golden
+
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
 
 
 def test_golden_run_reproduced():

@@ -1,7 +1,9 @@
-"""README.md's commands run as written, so that the documentation cannot drift from the code.
+"""README.md's commands run as written, so that the documentation cannot drift from the code,
+and so do those of the docs pages README's operator manual moved to (DOCS).
 
 Every command of README's code blocks runs in a fresh folder with a fresh cache, as a user
-would type it (python, train.py and data.py resolved to this checkout). A command that ends
+would type it (python, train.py and data.py resolved to this checkout; `mpiexec -n N python
+...` with the mpiexec of the mpi extra, skipped without it). Each page runs in a folder of its own. A command that ends
 within START_S seconds must exit 0; a longer one must have started without an error (no
 `error:` line, no traceback) when it is stopped with SIGTERM: train.py once it announces
 its log (it has checked its settings, data, model and output paths and written its first
@@ -29,8 +31,11 @@ import pytest
 
 from nanospa import backend
 
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = {name: (ROOT / name).read_text(encoding="utf-8") for name in ("README.md", "docs/running.md", "docs/beyond.md")}
 START_S = 4            # a command still running after this long (train.py: after its "log:" line) is stopped
 TRAIN_START_S = 60     # at most this long for train.py to announce its log
 STOP_S = 60            # after SIGTERM, at most this long to exit
@@ -49,7 +54,7 @@ def block_commands(text):
     """The commands of the indented code blocks (comments removed), in order."""
     out = []
     for line in text.splitlines():
-        if line.startswith("    ") and line.strip().startswith(("python ", "pip ")):
+        if line.startswith("    ") and line.strip().startswith(("python ", "pip ", "mpiexec ")):
             out.append(re.split(r"\s+#\s", line.strip(), maxsplit=1)[0].strip())
     return out
 
@@ -66,9 +71,18 @@ def is_synopsis(cmd):
     return bool(re.search(r"[|\[\]]", cmd))
 
 
+def mpiexec():
+    """The mpiexec beside this Python (the mpich wheel's), else on PATH, else None."""
+    import shutil
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else shutil.which("mpiexec")
+
+
 def skip_reason(cmd):
     if cmd.startswith("pip ") or "pytest" in cmd:
         return "installs packages or runs the test suite"
+    if cmd.startswith("mpiexec ") and (mpiexec() is None or not has("mpi4py")):
+        return "needs the mpi extra"
     if ("--preset=gpu" in cmd or "--device=cuda" in cmd) and not backend.cuda_available():
         return "needs a GPU with CuPy"
     if "--plot=" in cmd and not has("matplotlib"):
@@ -82,10 +96,14 @@ def argv_of(cmd, folder):
     for example, name in PLACEHOLDERS.items():
         cmd = cmd.replace(example, str(folder / name))
     words = shlex.split(cmd)
+    launcher = []
+    if words[0] == "mpiexec":                             # mpiexec -n N python ...
+        i = words.index("python")
+        launcher, words = [mpiexec()] + words[1:i], words[i:]
     assert words[0] == "python", cmd
     if words[1].endswith(".py"):                          # train.py, data.py: this checkout's
         words[1] = str(ROOT / words[1])
-    return [sys.executable] + words[1:]
+    return launcher + [sys.executable] + words[1:]
 
 
 def environment(cache):
@@ -135,15 +153,19 @@ def test_readme_lists_the_commands_this_test_runs():
     cmds = block_commands(README)
     assert "python train.py" in cmds and any(c.startswith("python -m nanospa.signal") for c in cmds)
     assert any(c.startswith("python -m nanospa.experiments") for c in cmds) and python_blocks(README)
-    assert any(c.startswith("python -m nanospa.bench") for c in inline_commands(README))
+    assert any(c.startswith("mpiexec -n 2 python train.py") for c in cmds)         # README: Several processes
+    assert 'pip install -e ".[mpi]"' in cmds                                       # the mpi extra, in Install
+    assert any("--init_from=resume" in c for c in block_commands(DOCS["docs/running.md"]))
 
 
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="needs POSIX process groups")
-def test_every_readme_command_runs_as_written(tmp_path):
+@pytest.mark.parametrize("page", list(DOCS))
+def test_every_readme_command_runs_as_written(tmp_path, page):
+    text = DOCS[page]
     (tmp_path / "input.txt").write_text("To be, or not to be, that is the question.\n" * 400, encoding="utf-8")
     cache = tmp_path / "cache"
     runnable, skipped = [], []
-    for cmd in block_commands(README):
+    for cmd in block_commands(text):
         reason = skip_reason(cmd)
         if reason:
             skipped.append((cmd, reason))
@@ -152,13 +174,13 @@ def test_every_readme_command_runs_as_written(tmp_path):
     training = [c for c in runnable if " train.py" in f" {c}"]
     signal_cmds = [c for c in runnable if "nanospa.signal" in c]
     others = [c for c in runnable if c not in training + signal_cmds]
-    assert training and signal_cmds and others
+    assert runnable or skipped or page != "README.md"
 
     def chain(cmds):
         return [run_readme_command(c, tmp_path, cache) for c in cmds]
 
     def snippets():                           # the ```python blocks, each in a fresh interpreter
-        return [(f"```python block {i}", *_python(code, tmp_path, cache)) for i, code in enumerate(python_blocks(README))]
+        return [(f"```python block {i}", *_python(code, tmp_path, cache)) for i, code in enumerate(python_blocks(text))]
 
     with ThreadPoolExecutor(3) as pool:       # train.py's commands in order; the others beside them
         futures = [pool.submit(chain, training), pool.submit(chain, signal_cmds), pool.submit(chain, others),
@@ -167,8 +189,10 @@ def test_every_readme_command_runs_as_written(tmp_path):
     for r in results:
         check(r)
     ran = {cmd for cmd, *_ in results}
-    assert "python train.py" in ran
-    assert any("--init_from=resume" in c for c in ran)      # it found the first run's checkpoint
+    if page == "README.md":
+        assert "python train.py" in ran
+    if page == "docs/running.md":
+        assert any("--init_from=resume" in c for c in ran)   # it found the first run's checkpoint
 
 
 def _python(code, folder, cache):
@@ -229,11 +253,13 @@ def parse_only(words):
 
 def test_synopsis_and_inline_commands_parse(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    lines = [w for c in block_commands(README) if is_synopsis(c) and not skip_reason(c) for w in expand(c)]
-    lines += [shlex.split(c) for c in inline_commands(README)
-              if not is_synopsis(c) and c.split()[1] in ("train.py", "-m") and not skip_reason(c)
-              and (c.split()[1] == "train.py" or c.split()[2] in ("nanospa.bench", "nanospa.experiments"))]
-    assert len(lines) >= 10
+    lines = []
+    for text in DOCS.values():
+        lines += [w for c in block_commands(text) if is_synopsis(c) and not skip_reason(c) for w in expand(c)]
+        lines += [shlex.split(c) for c in inline_commands(text)
+                  if not is_synopsis(c) and c.split()[1] in ("train.py", "-m") and not skip_reason(c)
+                  and (c.split()[1] == "train.py" or c.split()[2] in ("nanospa.bench", "nanospa.experiments"))]
+    assert len(lines) >= 5                       # the parser found the pages' commands
     for words in lines:
         try:
             parse_only(words)

@@ -277,6 +277,7 @@ def test_method_15_check_T2048():
     assert D.max() == pytest.approx(1.436, abs=5e-4)             # quoted to 3 decimals
 
 
+@pytest.mark.slow
 def test_finite_at_T16384():
     """No underflow in log space at T = 16384 for layer 1 and the last layer of a 36-layer
     schedule (built with exp, layer 1 underflows at distances above ~670). One 2 GB

@@ -15,6 +15,8 @@ from nanospa.config import GPTConfig
 from nanospa.experiments.fig1 import figure1, plot_heatmaps
 from nanospa.signal import espa_kernel, input_kernel, kernel_stats, make_plan
 
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
+
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--n_layer=24", "--block_size=16", "--n_embd=32", "--n_head=2"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")

@@ -17,7 +17,7 @@ from nanospa.signal.beyond.norm_maps import (BATCH_NORM_EPS, batch_attention, ba
                                       init_norm_map, running_batchnorm_map)
 from test_signal_predict import distinct_batch, max_errors, q_tol, tol, wide
 
-pytestmark = pytest.mark.filterwarnings("ignore:norm=.* with norm_causal=False")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:norm=.* with norm_causal=False")]
 WIDTH = 1024
 B = 4
 

@@ -11,7 +11,10 @@ from nanospa.measure import measured_kernels
 from nanospa.signal import kernels, dense_layer_bias, make_plan, realise
 from nanospa.signal.inputs import input_kernel
 from nanospa.signal.predict import (KernelPrediction, effective_attention, plan_targets,
+
                                     predict_kernels)
+
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
 
 WIDTH = 1024
 

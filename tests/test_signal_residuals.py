@@ -11,8 +11,12 @@ import pytest
 from nanospa import GPT, GPTConfig
 from nanospa.measure import measured_kernels
 from nanospa.signal import kernels
-from nanospa.signal.maps import BlockMaps, MLPMap, NGPTMaps, block_maps, softmax_attention_map
+from nanospa.signal.beyond.ngpt_maps import NGPTMaps
+from nanospa.signal.maps import BlockMaps, MLPMap, softmax_attention_map
+from nanospa.signal.predict import block_maps
 from nanospa.signal.predict import predict_kernels
+
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
 
 DEEPNORM = dict(residual="deepnorm", norm="layernorm", norm_position="post")
 NGPT = dict(residual="ngpt", attention="softmax", activation="swish")

@@ -10,7 +10,10 @@ from nanospa.measure import measure_config, measured_model_kernels, token_batch
 from nanospa.signal import espa_kernel, input_kernel, kernel_stats, dense_layer_bias, make_plan, realise
 from nanospa.signal.predict import predict_kernels
 from nanospa.signal.table import (attention_only_kernels, check_depths, default_depths, format_table,
+
                                   layer_table, predicted_kernels, schedule_targets, summary)
+
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
 
 
 def test_depths():

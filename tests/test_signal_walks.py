@@ -1,4 +1,4 @@
-"""Tests for nanospa/signal/walks.py: the kernel walks the budget policies run at init
+"""Tests for nanospa/signal/walks.py and signal/beyond/policies.py: the kernel walks the budget policies run at init
 (docs/kernel_budget.md): the one-sequence walk (the schedule's closed form, qpreserve's D_l,
 mlp_aware's pre-image), the walk of two sequences with no token in common against a wide
 network, the network statistics the joint policy solves on, and split_bias."""
@@ -9,9 +9,12 @@ from nanospa import GPT, GPTConfig
 from nanospa.signal import kernels, dense_layer_bias, make_plan, realise, spa_matrix, spa_schedule
 from nanospa.signal.budget import activation_spec
 from nanospa.signal.predict import predict_kernels
-from nanospa.signal import budget, walks
-from nanospa.signal.walks import (JOINT_SOLVE_T, adjacent_mean, extend_overrides, network_stats,
-                                  pair_walk, split_bias, walk)
+from nanospa.signal import budget
+from nanospa.signal.beyond import policies as walks
+from nanospa.signal.beyond.policies import extend_overrides, split_bias, walk
+from nanospa.signal.walks import JOINT_SOLVE_T, adjacent_mean, network_stats, pair_walk
+
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
 
 EPS = np.finfo(np.float64).eps
 

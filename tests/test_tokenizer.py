@@ -15,6 +15,8 @@ from nanospa.experiments.__main__ import main as experiments
 
 from conftest import shared_file
 
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
+
 MISSING = 'error: --tokenizer=bpe:2048 needs the Hugging Face tokenizers package: pip install -e ".[bpe]"'
 TEXT = ("The quick brown fox jumps over the lazy dog.\nNaïve café, déjà vu — 日本語 text.\n"
         "  indented\tline\n\nAnother paragraph with numbers 12345 and 67890.\n") * 60

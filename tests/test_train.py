@@ -27,6 +27,8 @@ from nanospa.run.checkpoint import load_checkpoint
 from nanospa.config import GPTConfig
 from nanospa.run.settings import SettingsError
 
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
+
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the model attention layer kernel signal deep network without shortcuts token "
          "sequence learns slowly quickly and or of to a in is").split()

@@ -28,6 +28,8 @@ from nanospa.run import step
 from nanospa.run import checkpoint, rundir
 from nanospa.run.checkpoint import load_checkpoint
 
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
+
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the model attention layer kernel signal deep network token sequence learns".split()
 TINY = ["--n_layer=2", "--n_embd=16", "--n_head=2", "--block_size=16", "--batch_size=4", "--eval_iters=1",

@@ -12,6 +12,8 @@ from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, make_optimizer
 from test_distributed import RTOL, log_losses, needs_mpi, run_train
 from test_train import read_log, run, text_file  # noqa: F401 (fixture)
 
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
+
 KFAC_ARGS = ["--optimizer=kfac", "--learning_rate=0.05", "--min_lr=0.005", "--kfac_inv_interval=2"]
 
 

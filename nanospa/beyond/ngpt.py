@@ -18,7 +18,7 @@ train.py, the experiments and the benchmark call that), so a checkpoint holds th
 plain parameters they are. Constants: signal/residuals.py (NGPT_INITS).
 
 Not here: the attention itself (model.Attention calls QKNorm where cfg.residual == "ngpt"),
-the combination rules (schemes.check_config), the wide-limit maps (signal/maps.NGPTMaps).
+the combination rules (schemes.check_config), the wide-limit maps (signal/beyond/ngpt_maps.py).
 This module imports nothing from model.py: model.py builds these pieces.
 """
 import math

@@ -13,6 +13,7 @@ al. 2024), and GroupNorm. Shapes: x (B, T, C); a statistic is per channel.
                   C / G) view, then a gain and bias per channel (G = 1 is LayerNorm)
     DyT           w tanh(a x) + b with a learnable scalar a (Zhu et al. 2025)
     build(cfg)    the layer of cfg.norm, for model.make_norm
+    check_config(cfg)   GPTConfig's check of the fields of these norms
 
 Running statistics move once per optimiser step (after_step), not per forward: the
 training forwards of a step record their (count, mean, var); after_step averages them,
@@ -25,6 +26,7 @@ Under MPI every rank keeps its own running statistics (rank 0's are checkpointed
 Not here: LayerNorm, RMSNorm (nn.py); the train / eval flag (nn.Module.train); the
 kernel maps at init (signal/norm_maps.py); the future-leakage measurement (causality.py).
 """
+import math
 import warnings
 
 import numpy as np
@@ -35,6 +37,7 @@ from ..nn import LayerNorm, Module, Parameter
 from ..signal import BATCH_NORM_EPS, DYT_ALPHA
 from ..tensor import Function, Tensor
 
+BATCH_NORMS = ("batchnorm", "prepbn")  # statistics over the batch and positions
 BN_MOMENTUM = 0.1  # running <- 0.9 running + 0.1 batch statistic per step (PyTorch's default)
 NON_CAUSAL = ("norm={norm!r} with norm_causal=False: its training-mode statistics pool every "
               "position of a sequence, so a causal LM sees the future while training (docs/norms.md); "
@@ -217,6 +220,24 @@ class DyT(Module):
 
     def forward(self, x):
         return (x * self.alpha).tanh() * self.weight + self.bias
+
+
+def check_config(cfg):
+    """ValueError naming a bad norm_groups, prepbn_steps, prepbn_eta or norm_causal of a
+    GPTConfig (docs/norms.md)."""
+    for name, low in (("norm_groups", 1), ("prepbn_steps", 0)):
+        value = getattr(cfg, name)
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+            raise ValueError(f"GPTConfig.{name} must be an integer >= {low}, got {value!r}")
+    if not (isinstance(cfg.prepbn_eta, (int, float, np.floating, np.integer)) and math.isfinite(cfg.prepbn_eta)):
+        raise ValueError(f"GPTConfig.prepbn_eta must be a finite number, got {cfg.prepbn_eta!r}")
+    if cfg.norm == "groupnorm" and cfg.n_embd % cfg.norm_groups:
+        raise ValueError(f"GPTConfig.norm_groups={cfg.norm_groups} does not divide n_embd={cfg.n_embd}")
+    if not isinstance(cfg.norm_causal, (bool, np.bool_)):
+        raise ValueError(f"GPTConfig.norm_causal must be True or False, got {cfg.norm_causal!r}")
+    if cfg.norm_causal and cfg.norm not in BATCH_NORMS:
+        raise ValueError(f"GPTConfig.norm_causal=True applies to norm in {list(BATCH_NORMS)}, "
+                         f"not norm={cfg.norm!r}")
 
 
 def build(cfg):

@@ -37,7 +37,8 @@ from .qc_maps import q_map, c_map
 from .act_transform import activation_transform, shaped_activation_names
 from .inputs import POS_VARIANCE, POSITIONS, input_kernel, sinusoidal_encoding, token_variance
 from .beyond.positions import alibi_slopes, rope_frequencies, spa_prior_config
-from .maps import DYT_ALPHA, MLPMap
+from .maps import MLPMap
+from .beyond.norm_maps import DYT_ALPHA
 from .beyond.norm_maps import BATCH_NORM_EPS, batchnorm_map, causal_batchnorm_map
 from .predict import predict_kernels, KernelPrediction
 from .budget import make_plan, split_activation, BUDGETS, DEFAULT_BUDGET, Plan

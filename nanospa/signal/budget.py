@@ -23,15 +23,8 @@ Policies (``cfg.kernel_budget``), for E-SPA (U-SPA: rho in place of gamma):
                      adjacent correlation rho* (cfg.final_corr, default JOINT_FINAL_CORR);
                      with skips (residual != "none") the attention-only final target takes
                      rho* instead: exp(-gamma_L) = rho* (rho_L = rho*)
-    qpreserve        independent targets; D_l[i] = 1 / sqrt((P_l S_{l-1} P_l^T)_ii) with
-                     P_l = softmax(B_l) and S_{l-1} the predicted kernel entering the
-                     attention, so every position leaves every attention sublayer with q = 1
-    mlp_aware        A_l = chol(Pi_l) chol(K_{l-1})^-1 with Pi_l = F^-1(Sigma_l) the
-                     pre-image of the target under the MLP's kernel map F (entrywise C^-1)
-                     and K_{l-1} the predicted kernel entering block l; layers where Pi_l
-                     is not positive definite or A_l has negative entries fall back to the
-                     independent A_l and are listed in plan.info["mlp_aware"]
-    joint_qpreserve  the joint targets with the q-preserving D_l
+    qpreserve, mlp_aware, joint_qpreserve   beyond the default: A_l moved off the closed
+                     form (q-preserving D_l, the MLP's pre-image), signal/beyond/policies.py
 
 Notation: T = block_size, L = n_layer, gamma_l / rho_l the SPA schedule (kernels.py),
 a_l = sqrt(1 - exp(-2 gamma_l)), eta / zeta / tau the activation targets
@@ -50,7 +43,8 @@ from .act_transform import activation_transform, shaped_activation_names
 from .depth_targets import chain_c0
 from .kernels import DEFAULT_GAMMA_FINAL, SPA_KINDS, spa_schedule
 from .beyond.positions import spa_prior_config
-from .walks import JOINT_SOLVE_T, extend_overrides, network_stats, pair_walk, qpreserve_walk_T, walk
+from .beyond import policies
+from .walks import JOINT_SOLVE_T, network_stats, pair_walk
 
 BUDGETS = ("independent", "joint", "qpreserve", "mlp_aware", "joint_qpreserve")
 DEFAULT_BUDGET = "joint"
@@ -310,18 +304,8 @@ def make_plan(cfg):
     info[f"{name}_final"] = final
     values = spa_schedule(cfg.attention, cfg.n_layer, final)
     overrides = None
-    if not (policy == "independent" or (joint and d_rule == "spa")):
-        # qpreserve's D_l is found on a window of positions and extended (walks.qpreserve_walk_T);
-        # mlp_aware's A_l has no closed form to extend: it walks at the full T (O(T^2) per layer)
-        T_walk = cfg.block_size
-        if policy != "mlp_aware":
-            T_walk = qpreserve_walk_T(cfg.attention, cfg.block_size, final)
-        overrides, _, report = walk(cfg, activation, values, d_rule, T=T_walk, mlp_aware=(policy == "mlp_aware"))
-        if T_walk < cfg.block_size:
-            overrides = extend_overrides(overrides, cfg.block_size)
-            info["walk_T"] = T_walk
-        if policy == "mlp_aware":
-            info["mlp_aware"] = report
-            info["mlp_aware_realised"] = [e["layer"] for e in report if e["realised"]]
+    if policy in ("qpreserve", "mlp_aware", "joint_qpreserve"):   # A_l off the closed form
+        overrides, more = policies.overrides(cfg, activation, values, policy, final)
+        info.update(more)
     return Plan(kind=cfg.attention, schedule=tuple(float(v) for v in values), overrides=overrides,
                 info=info, **common)

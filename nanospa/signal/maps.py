@@ -5,10 +5,10 @@
     attention_map          Sigma -> A Sigma A^T (heads sharing A, W^V W^O orthogonal; or per head)
     softmax_attention_map  the mean field of causal softmax with random W^Q, W^K (+ ALiBi, RoPE)
     MLPMap                 Sigma'_ij = E[phi_hat(u_i) phi_hat(u_j)], u ~ N(0, Sigma)
-    normalise, dyt_map     LayerNorm / RMSNorm / GroupNorm (Sigma -> C) and DyT
+    normalise              LayerNorm / RMSNorm / GroupNorm (Sigma -> C)
     BlockMaps              one configuration's residual and norm arrangement (DeepNorm included;
-                           BatchNorm and PRepBN through norm_maps.init_norm_map)
-    NGPTMaps, block_maps   nGPT's normalised interpolation; the maps of a configuration
+                           DyT, BatchNorm and PRepBN through beyond/norm_maps.py; nGPT's own maps:
+                           beyond/ngpt_maps.py)
 
 Not here: the input kernel (inputs.py), the walk through a whole model (predict.py), the
 attention matrices themselves (attn_bias.py) and the activation's parameters
@@ -20,13 +20,10 @@ import numpy as np
 
 from .act_transform import activation_transform
 from .kernels import flush, normalised_kernel, uniform_causal_attention
-from .beyond.norm_maps import init_norm_map
+from .beyond.norm_maps import dyt_map, init_norm_map
 from .qc_maps import LocalMaps
-from .beyond.residuals import NGPT_ALPHA_INIT, deepnorm_alpha, deepnorm_beta, ngpt_value
+from .beyond.residuals import deepnorm_alpha, deepnorm_beta
 
-DYT_ALPHA = 0.5             # DyT's initial alpha: DyT(x) = tanh(alpha x) at init (the model uses it)
-C_RANGE_TOL = 1e-12         # C^-1 accepts c this far outside [C(-1), 1] (rounding)
-BISECTION_STEPS = 60        # C^-1 by bisection on [-1, 1]: 2 * 2^-60 is below float64 rounding
 
 
 def attention_map(Sigma, A):
@@ -112,12 +109,6 @@ def normalise(Sigma):
     return normalised_kernel(Sigma)
 
 
-def dyt_map(Sigma, alpha=DYT_ALPHA):
-    """Kernel of DyT(x) = tanh(alpha x) (weight 1, bias 0 at init), u ~ N(0, Sigma)."""
-    maps = LocalMaps(lambda x: np.tanh(alpha * x))
-    return maps.kernel(Sigma)
-
-
 class MLPMap:
     """The wide-limit kernel map of MLP(X) = phi_hat(X W_1) W_2 with the model's init
     (W_1 W_1^T = m I, W_2 with orthonormal columns): Sigma' = E[phi_hat(u) phi_hat(u)^T],
@@ -145,22 +136,6 @@ class MLPMap:
 
     def C(self, c):
         return np.asarray(c, dtype=np.float64) if self.maps is None else self.maps.C(c)
-
-    def C_inverse(self, c):
-        """C^-1(c) elementwise for c in [C(-1), 1] by bisection (C is increasing);
-        entries below C(-1) raise ValueError."""
-        c = np.asarray(c, dtype=np.float64)
-        if self.maps is None:
-            return c.copy()
-        lo_val = float(self.C(-1.0))
-        if np.any(c < lo_val - C_RANGE_TOL) or np.any(c > 1.0 + C_RANGE_TOL):
-            raise ValueError(f"C^-1 needs c in [{lo_val:.4g}, 1], got [{c.min():.4g}, {c.max():.4g}]")
-        lo, hi = np.full(c.shape, -1.0), np.ones(c.shape)
-        for _ in range(BISECTION_STEPS):
-            mid = 0.5 * (lo + hi)
-            below = self.C(mid) < c
-            lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
-        return 0.5 * (lo + hi)
 
 
 class BlockMaps:
@@ -259,56 +234,3 @@ class BlockMaps:
 
     def final(self, Sigma):
         return self.norm(Sigma) if self.cfg.uses_final_norm else Sigma
-
-
-class NGPTMaps(BlockMaps):
-    """nGPT's sublayers in the wide limit at init (docs/residuals.md §3). Every hidden state
-    is a unit vector, so its kernel X X^T / d is C / d with C unit-diagonal, and
-
-        embedding    Sigma_0 -> C_0 / d                          (rows normalised)
-        attention    h_A = E[P Sigma P^T], P = softmax_causal(G),  Cov(G_ij, G_i'j') = s^4 C_ii' C_jj'
-                     (q, k normalised per head, logits sqrt(d_k) s_qk^2 q.k: the softmax mean
-                     field of the correlation C; values W^V, output W^O with unit columns / rows)
-        MLP          h_M = m Sigma o F(s_v^2 d Sigma),  F(K) = E[phi(u) phi(u)^T], u ~ N(0, K)
-                     (u = h W_u: kernel Sigma; nu = s_v sqrt(d) h W_nu: kernel s_v^2 d Sigma = C;
-                     m = mlp_ratio; u and nu independent, so the gated product multiplies)
-        update       h <- Norm((1 - alpha) h + alpha Norm(h_B)):
-                     Sigma' = normalise((1 - alpha)^2 C + alpha^2 C_B) / d
-
-    (cross terms vanish: W^O and the MLP's output matrix are random and independent of h).
-    alpha: alpha_A = alpha_M (both NGPT_ALPHA_INIT at init; a test may pass another)."""
-
-    def __init__(self, cfg, activation, alpha=NGPT_ALPHA_INIT):
-        super().__init__(cfg, activation)
-        self.d, self.m, self.alpha = cfg.n_embd, cfg.mlp_ratio, float(alpha)
-        self.s_qk2, self.s_v2 = ngpt_value("s_qk") ** 2, ngpt_value("s_v") ** 2
-
-    def embedding(self, Sigma_0):
-        return normalise(Sigma_0) / self.d
-
-    def branch_input(self, Sigma):
-        return Sigma
-
-    def logit_kernel(self, Sigma_in):
-        return self.s_qk2 * normalise(Sigma_in)
-
-    def mlp(self, Sigma_in):
-        return self.m * Sigma_in * self.mlp_map(self.s_v2 * self.d * Sigma_in)
-
-    def combine(self, Sigma_x, Sigma_h):
-        a = self.alpha
-        return normalise((1.0 - a) ** 2 * normalise(Sigma_x) + a ** 2 * normalise(Sigma_h)) / self.d
-
-    def final(self, Sigma):
-        return Sigma
-
-
-def block_maps(cfg, activation, batch=None):
-    """The sublayer maps of cfg: NGPTMaps for residual="ngpt", else BlockMaps (batch: see
-    BlockMaps; nGPT has no batch statistics, so it takes kernels of one sequence only)."""
-    if cfg.residual == "ngpt":
-        if batch:
-            raise ValueError("predict_kernels(batch=...) is for batch statistics; nGPT has none: "
-                             "predict one sequence's kernel")
-        return NGPTMaps(cfg, activation)
-    return BlockMaps(cfg, activation, batch=batch)

@@ -12,7 +12,7 @@ structure as nanospa.model.GPT:
                      estimate (maps.softmax_attention_map); logit positions (ALiBi, RoPE,
                      the SPA prior: positions.py) enter both, per head where they differ
     MLP              maps.MLPMap: the C-map on correlations with the Q-map on the diagonal
-    residual, norm   maps.BlockMaps (DeepNorm's alpha, beta included); nGPT: maps.NGPTMaps
+    residual, norm   maps.BlockMaps (DeepNorm's alpha, beta included); nGPT: beyond/ngpt_maps.NGPTMaps
     RealFormer       carried logits: zero where W^Q = 0 (exact), else the layers' Gaussian
                      logits add (mean field, maps.softmax_attention_map's logit_kernels)
 
@@ -38,7 +38,8 @@ from .attn_bias import layer_bias, realise
 from .budget import make_plan
 from .inputs import input_kernel
 from .kernels import kernel_stats, spa_kernel, uniform_causal_attention, value_skipinit_attention
-from .maps import block_maps
+from .beyond.ngpt_maps import NGPTMaps
+from .maps import BlockMaps
 from .beyond.norm_maps import batch_attention
 from .beyond.positions import logit_bias, rope_frequencies
 
@@ -169,7 +170,7 @@ def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32, batch=N
     (inputs.batch_input_kernel) and every kernel of the result is too; attention acts on
     each sequence (norm_maps.batch_attention) and BatchNorm / PRepBN use batch statistics
     (norm_maps); without it they use their initial running statistics (evaluation mode).
-    maps: the sublayer maps (default maps.block_maps(config, plan.activation, batch): BlockMaps,
+    maps: the sublayer maps (default block_maps(config, plan.activation, batch): BlockMaps,
     or NGPTMaps for nGPT, whose kernels have q = 1 / n_embd)."""
     if plan is None:
         plan = make_plan(config)
@@ -213,3 +214,14 @@ def predict_kernels(config, sigma_0=None, plan=None, softmax_samples=32, batch=N
         S = S_out
     pred.final = maps.final(S)
     return pred
+
+
+def block_maps(cfg, activation, batch=None):
+    """The sublayer maps of cfg: NGPTMaps for residual="ngpt", else BlockMaps (batch: see
+    BlockMaps; nGPT has no batch statistics, so it takes kernels of one sequence only)."""
+    if cfg.residual == "ngpt":
+        if batch:
+            raise ValueError("predict_kernels(batch=...) is for batch statistics; nGPT has none: "
+                             "predict one sequence's kernel")
+        return NGPTMaps(cfg, activation)
+    return BlockMaps(cfg, activation, batch=batch)

@@ -48,6 +48,9 @@ prepbn_steps, prepbn_eta). Not here: the layers themselves (nanospa/beyond/norms
 import numpy as np
 
 from ..kernels import normalised_kernel
+from ..qc_maps import LocalMaps
+
+DYT_ALPHA = 0.5             # DyT's initial alpha: DyT(x) = tanh(alpha x) at init (the model uses it)
 
 BATCH_NORM_EPS = 1e-5        # added to BatchNorm's variance (PyTorch's default); the model uses it
 LOG_U_STEP = 0.05            # trapezoidal step in log u for batchnorm_map's integral
@@ -129,3 +132,9 @@ def init_norm_map(Sigma, cfg, batch=None):
     if cfg.norm_causal:
         return causal_batchnorm_map(Sigma, batch)
     return batchnorm_map(Sigma)
+
+
+def dyt_map(Sigma, alpha=DYT_ALPHA):
+    """Kernel of DyT(x) = tanh(alpha x) (weight 1, bias 0 at init), u ~ N(0, Sigma)."""
+    maps = LocalMaps(lambda x: np.tanh(alpha * x))
+    return maps.kernel(Sigma)
