@@ -109,6 +109,9 @@ def test_explicit_config_fields_apply_to_every_method(tmp_path, capsys):
     (["fig2", "--preset=tiny", "--attention=flash"], "flash"),
     (["fig1", "--depths=99"], "99"),
     (["fig9"], "fig9"),
+    (["fig2", "--preset=tiny", "--min_lr_ratio=-1"], "min_lr_ratio must be in [0, 1]"),
+    (["fig2", "--preset=tiny", "--weight_decay=-0.1"], "weight_decay must be finite and >= 0"),
+    (["fig2", "--preset=tiny", "--grad_clip=-1"], "grad_clip must be finite and >= 0"),
 ])
 def test_bad_settings_exit_2(argv, words, capsys):
     assert main(argv) == 2

@@ -102,3 +102,19 @@ def test_a_key_written_before_a_new_config_field_still_matches(tmp_path):
     assert len(taken) == len(jobs) and todo == []
     changed = [dict(job, config=dict(job["config"], prepbn_eta=0.5)) for job in jobs]   # not the default
     assert reuse.take(changed, reuse.load([a]))[0] == []
+
+
+def test_a_reuse_file_missing_a_field_is_one_line_naming_it(tmp_path, capsys):
+    a = tmp_path / "old"
+    assert fig2.main(["--preset=tiny", "--methods=espa", f"--out={a}"]) == 0
+    held = json.loads((a / "result.json").read_text())
+    del held["methods"]["espa"]["runs"][0]["final_train"]
+    (a / "result.json").write_text(json.dumps(held))
+    capsys.readouterr()
+    assert fig2.main(["--preset=tiny", "--methods=espa", f"--out={tmp_path / 'new'}", f"--reuse={a}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(a / "result.json") in err and "'final_train'" in err
+    del held["methods"]
+    (a / "result.json").write_text(json.dumps(held))
+    assert fig2.main(["--preset=tiny", "--methods=espa", f"--out={tmp_path / 'new'}", f"--reuse={a}"]) == 2
+    assert "no field 'methods'" in capsys.readouterr().err

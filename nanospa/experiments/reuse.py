@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 SKIP = ("label",)     # one run may serve several experiments under another label
+RUN_FIELDS = ("lr", "seed", "history", "final_train", "final_val", "diverged")   # what a reused run must hold
 
 
 def job_key(job):
@@ -35,8 +36,15 @@ def load(paths):
         try:
             result = json.loads(path.read_text(encoding="utf-8"))
             methods = [(label, m, list(m["runs"])) for label, m in result["methods"].items()]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        except KeyError as e:
+            raise ValueError(f"reuse: cannot read runs from {path} (no field {e})") from None
+        except (OSError, ValueError, TypeError, AttributeError) as e:
             raise ValueError(f"reuse: cannot read runs from {path} ({type(e).__name__})") from None
+        for label, m, runs in methods:
+            for r in runs:
+                missing = [f for f in RUN_FIELDS if not isinstance(r, dict) or f not in r]
+                if missing:
+                    raise ValueError(f"reuse: a run of {label} in {path} has no field {missing[0]!r}")
         here = {"from": str(path), "commit": (result.get("provenance") or {}).get("commit")}
         for label, m, runs in methods:
             for r in runs:

@@ -24,6 +24,7 @@ the method's own fields), e.g. --kernel_budget=independent or --residual_beta=0.
 Not here: how the outputs are written and how a stall is read (report.py: provenance,
 JSON, Markdown, plots, STALL_MARGIN, the findings' helpers); one training run (common.py).
 """
+import contextlib
 import datetime
 import json
 import math
@@ -71,6 +72,7 @@ DEFAULTS = dict(
     eval_batches=8,
     methods="",
     reuse="",
+    replace=False,
 )
 NOTES = dict(
     preset="tiny (CI, seconds) | quick (2-core CPU, <= ~15 min) | study (quick, 3 seeds, every method) | full (one GPU)",
@@ -95,6 +97,7 @@ NOTES = dict(
     eval_batches="fixed batches for the final train / val losses",
     methods="comma-separated subset of the methods to run (default: the preset's)",
     reuse="result.json files (or their folders), comma-separated, whose runs of an identical job are taken, not retrained (reuse.py)",
+    replace="discard the results --out already holds (by default a rerun merges into them: their identical runs are kept, not retrained)",
 )
 PRESETS = dict(
     tiny=dict(n_layer=4, n_embd=16, n_head=2, block_size=16, batch_size=2, steps=3, lrs=(1e-3,),
@@ -166,6 +169,11 @@ def settings_for(spec, argv):
             raise ValueError(f"{key} must be >= 1, got {s[key]}")
     if s["workers"] < 0 or s["warmup"] < 0:
         raise ValueError(f"workers and warmup must be >= 0, got {s['workers']}, {s['warmup']}")
+    for key, ok, what in (("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1] (the decay ends at lr * min_lr_ratio)"),
+                          ("weight_decay", lambda v: 0 <= v < math.inf, "finite and >= 0"),
+                          ("grad_clip", lambda v: 0 <= v < math.inf, "finite and >= 0 (0 = off)")):
+        if not ok(s[key]):
+            raise ValueError(f"{key} must be {what}, got {s[key]!r}")
     if not s["lrs"] or any(not (math.isfinite(lr) and lr > 0) for lr in s["lrs"]):
         raise ValueError(f"lrs must be positive numbers, got {s['lrs']}")
     if s["device"] not in ("cpu", "cuda"):
@@ -259,7 +267,8 @@ def make_jobs(s, methods, configs):
 
 
 def run_jobs(jobs, workers, on_result):
-    """Run jobs (longest first) and call on_result(job, result) as each finishes."""
+    """Run jobs (longest first) and call on_result(job, result) as each finishes; a signal
+    ends the running jobs too (the caller's stop_on_signals raises KeyboardInterrupt)."""
     jobs = sorted(jobs, key=lambda j: -j["steps"])
     if not jobs:
         return
@@ -267,7 +276,7 @@ def run_jobs(jobs, workers, on_result):
         for job in jobs:
             on_result(job, train_job(job))
         return
-    with _pool(min(workers, len(jobs))) as pool, stop_on_signals(STOPPED):
+    with _pool(min(workers, len(jobs))) as pool:
         pending = {pool.submit(train_job, job): job for job in jobs}
         try:
             while pending:
@@ -345,6 +354,7 @@ def run(spec, argv):
         plans[label] = dict(make_plan(cfg).info)   # surfaces plan errors before any training
         configs[label] = cfg.to_dict()
     out = Path(s["out"])
+    held = held_result(out, spec, s, methods, configs)       # a rerun merges into it (or refuses)
     out.mkdir(parents=True, exist_ok=True)
     public = {k: (list(v) if isinstance(v, tuple) else v) for k, v in s.items() if not k.startswith("_")}
     result = dict(name=spec.NAME, title=spec.TITLE, paper=spec.PAPER, complete=False, settings=public,
@@ -360,29 +370,41 @@ def run(spec, argv):
     if hasattr(spec, "at_init"):                   # e.g. kernels at initialisation, before any training
         result["at_init"] = spec.at_init(s, configs, ds)
     jobs = make_jobs(s, methods, configs)
-    taken, todo = reuse.take(jobs, reusable)
+    own, kept = merge_held(result, held, jobs)     # this folder's identical runs, and its other ones
+    taken, todo = reuse.take([j for j in jobs if reuse.job_key(j) not in own], reusable)
     print(f"{spec.NAME}: {len(methods)} methods x their learning rates x {s['seeds']} seeds "
           f"= {len(jobs)} runs on {s['data']} (unigram entropy {unigram:.3f})"
+          + (f", {len(own)} of them already in {out / 'result.json'}" if own else "")
+          + (f" (and {kept} more runs kept there)" if kept else "")
           + (f", {len(taken)} of them reused" if taken else "") + f"; writing {out}/")
     done = [0]
 
-    def on_result(job, r):
-        done[0] += 1
-        r.setdefault("key", reuse.job_key(job))
-        result["methods"][job["label"]]["runs"].append(r)
-        print(f"[{done[0]}/{len(jobs)}] {job['label']:<16} lr={job['lr']:<8g} seed={job['seed']} "
-              f"train {fmt(r['final_train'])} val {fmt(r['final_val'])}"
-              f"{' DIVERGED' if r['diverged'] else ''} "
-              + (f"(reused from {r['reused']['from']})" if r.get("reused") else f"({r['seconds']:.0f} s)"), flush=True)
-        result["provenance"] = provenance(spec.NAME, argv, s, started, t0)
-        write_json(out / "result.json", result)    # partial results survive an interruption
+    def on_result(job, r, stopper=None):
+        """Record a finished run: in result.json (an atomic write) before the line that says
+        so, and a signal that comes meanwhile waits until both are done."""
+        with stopper.held() if stopper else contextlib.nullcontext():
+            done[0] += 1
+            r.setdefault("key", reuse.job_key(job))
+            result["methods"][job["label"]]["runs"].append(r)
+            result["provenance"] = provenance(spec.NAME, argv, s, started, t0)
+            write_json(out / "result.json", result)    # partial results survive an interruption
+            print(f"[{done[0]}/{len(jobs)}] {job['label']:<16} lr={job['lr']:<8g} seed={job['seed']} "
+                  f"train {fmt(r['final_train'])} val {fmt(r['final_val'])}"
+                  f"{' DIVERGED' if r['diverged'] else ''} "
+                  + (f"(reused from {r['reused']['from']})" if r.get("reused") else
+                     "(kept)" if r.get("_kept") else f"({r['seconds']:.0f} s)"), flush=True)
+            r.pop("_kept", None)
 
     if s["device"] != "cpu":
         from .. import backend
         backend.use(s["device"])                   # fail here, not in a worker
+    for job in jobs:
+        if reuse.job_key(job) in own:
+            on_result(job, dict(own[reuse.job_key(job)], _kept=True))
     for job, r in taken:
         on_result(job, r)
-    run_jobs(todo, s["workers"], on_result)
+    with stop_on_signals(STOPPED) as stopper:
+        run_jobs(todo, s["workers"], lambda job, r: on_result(job, r, stopper))
     for label, m in result["methods"].items():
         m["runs"].sort(key=lambda r: (r["lr"], r["seed"]))
         m["summary"] = per_byte(summarise_method(m["runs"], m["lrs"], unigram), ds.bytes_per_token)
@@ -397,6 +419,69 @@ def run(spec, argv):
     print(f"wrote {out / 'result.json'}, {out / 'table.md'}" + (f", {out / 'plot.png'}" if wrote else "")
           + f" in {duration(time.time() - t0)}")
     return 0
+
+
+RUN_SETTINGS = ("data", "tokenizer", "batch_size", "min_lr_ratio", "weight_decay", "grad_clip", "eval_batches",
+                "warmup", "device")   # settings that enter every run: a folder's runs must share them
+
+
+def held_result(out, spec, s, methods, configs):
+    """The result.json out already holds, or None (none, or --replace=True). One line, and no
+    training, when it cannot take this command's runs: unreadable, another experiment, or
+    runs made with other settings of a method both have."""
+    path = out / "result.json"
+    if s["replace"] or not path.exists():
+        return None
+    try:
+        held = json.loads(path.read_text(encoding="utf-8"))
+        name, old_methods, old = held["name"], held["methods"], held["settings"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} cannot be read ({type(e).__name__}): choose another --out, or pass "
+                         "--replace=True to write over it") from None
+    why = []
+    if name != spec.NAME:
+        why.append(f"it holds {name}, not {spec.NAME}")
+    why += [f"{k}={old.get(k)!r} there, {s[k]!r} here" for k in RUN_SETTINGS if old.get(k, s[k]) != s[k]]
+    for label, m in methods.items():
+        if label in old_methods and (old_methods[label].get("config") != configs[label]
+                                     or old_methods[label].get("steps") != s["steps"] * m.steps_factor
+                                     or dict(old_methods[label].get("optimizer") or {}) != dict(m.optimizer)):
+            why.append(f"method {label} is another model there")
+    if why:
+        raise ValueError(f"{path} holds results this command would not merge with ({'; '.join(why)}): choose "
+                         "another --out, or pass --replace=True to discard them")
+    return held
+
+
+def merge_held(result, held, jobs):
+    """-> ({job key: run} of held runs of this command's jobs, count of other held runs kept):
+    methods held but not run now are carried over, and so are held runs of another rate or
+    seed of a method run now (its grid becomes the union of both)."""
+    if not held:
+        return {}, 0
+    keys = {reuse.job_key(j) for j in jobs}
+    slots = {(j["label"], j["lr"], j["seed"]) for j in jobs}
+    own, kept = {}, 0
+    for label, m in held["methods"].items():
+        runs = [dict(r, key=r["key"]) for r in m.get("runs", ()) if r.get("key")]
+        mine = result["methods"].get(label)
+        if mine is None:                           # a method of the held results only
+            result["methods"][label] = dict(m, runs=runs)
+            kept += len(runs)
+            continue
+        mine["lrs"] = sorted(set(mine["lrs"]) | set(m.get("lrs", ())))
+        for r in runs:
+            key = reuse._current_key(r["key"]) or r["key"]
+            if key in keys:
+                own[key] = r
+            elif (label, r["lr"], r["seed"]) in slots:
+                raise ValueError(f"{result['settings']['out']}/result.json holds a run of {label} at lr {r['lr']:g}, "
+                                 f"seed {r['seed']} made differently (another batch sampler, or settings that "
+                                 "changed): choose another --out, or pass --replace=True to discard them")
+            else:
+                mine["runs"].append(r)
+                kept += 1
+    return own, kept
 
 
 def rerender(spec, out):

@@ -182,21 +182,50 @@ def describe(error):
             "traceback)")
 
 
+class _Stopper:
+    """stop_on_signals' handler: raises at once, or, inside ``held()``, when the block ends."""
+
+    def __init__(self, why):
+        self.why, self.depth, self.pending = why, 0, None
+
+    def _raise(self, signum):
+        e = KeyboardInterrupt(f"{signal.Signals(signum).name} {self.why}")
+        e.signum = signum
+        raise e
+
+    def handle(self, signum, frame):
+        if self.depth:
+            self.pending = self.pending or signum
+        else:
+            self._raise(signum)
+
+    @contextlib.contextmanager
+    def held(self):
+        """A block a signal does not interrupt (a finished result being recorded): a signal
+        that comes inside it stops the command when the block has ended."""
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if not self.depth and self.pending:
+                signum, self.pending = self.pending, None
+                self._raise(signum)
+
+
 @contextlib.contextmanager
 def stop_on_signals(why):
     """SIGINT / SIGTERM inside the block stop at once: a KeyboardInterrupt "SIGTERM why"
     carrying signum, which run_command turns into one line and exit 128 + signum (the
-    experiments' worker pool uses it to stop its workers too). Main thread only."""
-    def stop(signum, frame):
-        e = KeyboardInterrupt(f"{signal.Signals(signum).name} {why}")
-        e.signum = signum
-        raise e
+    experiments' worker pool uses it to stop its workers too), except inside the yielded
+    object's ``held()`` blocks, which finish first. Main thread only."""
+    stopper = _Stopper(why)
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield stopper
         return
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, stopper.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield stopper
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

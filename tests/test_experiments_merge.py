@@ -1,0 +1,107 @@
+"""An experiment never destroys finished runs (nanospa/experiments/runner.py): a rerun into a
+folder holding results merges into them (identical runs kept, not retrained; other methods
+and rates carried over; table.md rewritten from the merged file) or is refused with one line
+unless --replace=True; every finished run is in result.json before the line that announces
+it, and a signal at any moment loses only the runs in progress (real processes and signals)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nanospa.experiments import fig2, report
+
+pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--preset=tiny", "--lrs=1e-3,3e-3"]
+
+
+def methods(out):
+    return json.loads((out / "result.json").read_text())["methods"]
+
+
+def test_a_rerun_with_fewer_methods_keeps_the_others(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert fig2.main(TINY + ["--methods=softmax,espa", f"--out={out}"]) == 0
+    first = methods(out)
+    capsys.readouterr()
+    assert fig2.main(TINY + ["--methods=espa", f"--out={out}"]) == 0
+    printed = capsys.readouterr().out
+    assert "2 of them already in" in printed and "(kept)" in printed and " s)" not in printed.split("writing")[1]
+    merged = methods(out)
+    assert set(merged) == {"softmax", "espa"}                          # nothing lost
+    for label in merged:
+        assert [r["history"] for r in merged[label]["runs"]] == [r["history"] for r in first[label]["runs"]]
+    table = (out / "table.md").read_text()
+    assert "softmax" in table and "espa" in table
+
+
+def test_a_rerun_with_another_rate_adds_it(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert fig2.main(["--preset=tiny", "--lrs=1e-3", "--methods=espa", f"--out={out}"]) == 0
+    assert fig2.main(["--preset=tiny", "--lrs=3e-3", "--methods=espa", f"--out={out}"]) == 0
+    m = methods(out)["espa"]
+    assert sorted(r["lr"] for r in m["runs"]) == [1e-3, 3e-3] and m["lrs"] == [1e-3, 3e-3]
+
+
+def test_a_rerun_with_other_settings_is_refused_unless_replaced(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert fig2.main(TINY + ["--methods=espa", f"--out={out}"]) == 0
+    before = (out / "result.json").read_text()
+    capsys.readouterr()
+    assert fig2.main(TINY + ["--methods=espa", "--batch_size=3", f"--out={out}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "batch_size=2 there, 3 here" in err and "--replace=True" in err
+    assert (out / "result.json").read_text() == before
+    assert fig2.main(TINY + ["--methods=espa", "--n_layer=3", f"--out={out}"]) == 2         # another model
+    assert "method espa is another model there" in capsys.readouterr().err
+    (out / "result.json").write_text("{ not json")
+    assert fig2.main(TINY + ["--methods=espa", f"--out={out}"]) == 2
+    assert "cannot be read" in capsys.readouterr().err
+    assert fig2.main(TINY + ["--methods=espa", "--batch_size=3", "--replace=True", f"--out={out}"]) == 0
+    assert json.loads((out / "result.json").read_text())["settings"]["batch_size"] == 3
+
+
+def test_a_signal_during_the_write_of_a_finished_run_waits_for_it(tmp_path, monkeypatch, capsys):
+    """SIGTERM while result.json is being written: the write completes, the run is in the
+    file and its line is printed, then the command stops (exit 143)."""
+    out = tmp_path / "o"
+    real, calls = report.write_json, []
+
+    def write_then_signal(path, obj):
+        calls.append(path)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)              # arrives inside the held block
+            time.sleep(0.05)
+        return real(path, obj)
+
+    monkeypatch.setattr("nanospa.experiments.runner.write_json", write_then_signal)
+    assert fig2.main(TINY + ["--methods=espa", "--workers=0", f"--out={out}"]) == 143
+    runs = methods(out)["espa"]["runs"]
+    assert len(runs) == 1 and "[1/2] espa" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("after", [1, 2, 3])
+def test_sigterm_right_after_a_progress_line_keeps_that_run(tmp_path, after):
+    """A real process stopped as soon as it prints its k-th progress line: result.json holds
+    at least those k runs, each complete (the line is printed only once the file holds it)."""
+    out = tmp_path / "o"
+    p = subprocess.Popen([sys.executable, "-m", "nanospa.experiments", "fig2", "--preset=tiny", "--workers=0",
+                          "--lrs=1e-3,2e-3,3e-3,4e-3", "--methods=espa", f"--out={out}"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    seen = 0
+    for line in p.stdout:
+        if line.startswith("["):
+            seen += 1
+            if seen == after:
+                p.send_signal(signal.SIGTERM)
+                break
+    p.communicate(timeout=60)
+    assert p.returncode in (0, 143)
+    runs = methods(out)["espa"]["runs"]
+    assert len(runs) >= after and all(r["history"] and r["final_train"] is not None for r in runs)
