@@ -20,10 +20,14 @@ CLIP_EPS = 1e-6  # as torch.nn.utils.clip_grad_norm_: the clipped norm lands jus
 class Optimizer:
     def __init__(self, params, lr):
         self.params = list(params)
-        if lr < 0:
-            raise ValueError(f"learning rate must be >= 0, got {lr}")
-        self.lr = lr
+        if not self.params:
+            raise ValueError(f"{type(self).__name__}: an empty parameter list (nothing to optimise)")
+        check_lr(lr)
+        self._lr = lr
         self.t = 0
+
+    lr = property(lambda self: self._lr, lambda self, value: setattr(self, "_lr", check_lr(value)),
+                  doc="The learning rate; setting it checks it (finite and >= 0), as every step uses it.")
 
     def zero_grad(self):
         for p in self.params:
@@ -86,12 +90,21 @@ class AdamW(Optimizer):
         m <- b1 m + (1-b1) g;   v <- b2 v + (1-b2) g^2
         p <- p - lr * ( m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + wd * p )
     Parameters marked ``no_decay`` (norm gains, biases, SPA biases) get no weight decay.
-    The defaults of betas and eps are Kingma & Ba's."""
+    ``lr_scales`` (one number per parameter, default 1) multiplies each parameter's lr, for
+    rules such as muP's width transfer (beyond/optimizers.py); at 1 the update is exactly
+    the plain one. The defaults of betas and eps are Kingma & Ba's."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, lr_scales=None):
         super().__init__(params, lr)
-        self.b1, self.b2 = betas
+        self.b1, self.b2 = _check_betas(betas)
+        if not (eps > 0 and math.isfinite(eps)):
+            raise ValueError(f"AdamW: eps must be finite and > 0, got {eps!r}")
+        if not (weight_decay >= 0 and math.isfinite(weight_decay)):
+            raise ValueError(f"AdamW: weight_decay must be finite and >= 0, got {weight_decay!r}")
         self.eps, self.weight_decay = eps, weight_decay
+        self.lr_scales = [1.0] * len(self.params) if lr_scales is None else [float(k) for k in lr_scales]
+        if len(self.lr_scales) != len(self.params) or not all(k >= 0 and math.isfinite(k) for k in self.lr_scales):
+            raise ValueError(f"AdamW: lr_scales must be {len(self.params)} finite numbers >= 0, one per parameter")
         self.m = [None] * len(self.params)
         self.v = [None] * len(self.params)
 
@@ -102,15 +115,15 @@ class AdamW(Optimizer):
         self.t += 1
         c1 = 1.0 - self.b1 ** self.t
         c2 = 1.0 - self.b2 ** self.t
-        step_size = self.lr / c1
         for i, p in enumerate(self.params):
             if p.grad is None:
                 continue
             if self.m[i] is None:
                 xp = backend.xp_of(p.data)
                 self.m[i], self.v[i] = xp.zeros_like(p.data), xp.zeros_like(p.data)
-            decay = 1.0 - self.lr * self.weight_decay if not getattr(p, "no_decay", False) else 1.0
-            adamw_update(p.data, p.grad, self.m[i], self.v[i], self.b1, self.b2, step_size, self.eps, 1.0 / c2, decay)
+            lr = self.lr * self.lr_scales[i]
+            decay = 1.0 - lr * self.weight_decay if not getattr(p, "no_decay", False) else 1.0
+            adamw_update(p.data, p.grad, self.m[i], self.v[i], self.b1, self.b2, lr / c1, self.eps, 1.0 / c2, decay)
 
 
 def adamw_update(p, g, m, v, b1, b2, step_size, eps, inv_c2, decay):
@@ -135,6 +148,26 @@ def adamw_update(p, g, m, v, b1, b2, step_size, eps, inv_c2, decay):
         p *= decay
     p -= tmp
     return p
+
+
+def check_lr(lr):
+    """lr itself, or ValueError unless it is a finite number >= 0 (a NaN rate would turn every
+    parameter into NaN in one step)."""
+    if isinstance(lr, bool) or not isinstance(lr, (int, float, np.floating, np.integer)) or not (
+            math.isfinite(lr) and lr >= 0):
+        raise ValueError(f"learning rate must be a finite number >= 0, got {lr!r}")
+    return lr
+
+
+def _check_betas(betas):
+    try:
+        b1, b2 = betas
+    except (TypeError, ValueError):
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}") from None
+    for name, b in (("beta1", b1), ("beta2", b2)):
+        if isinstance(b, bool) or not isinstance(b, (int, float, np.floating, np.integer)) or not 0 <= b < 1:
+            raise ValueError(f"betas: {name} must be in [0, 1), got {b!r}")
+    return b1, b2
 
 
 def global_grad_norm(params):

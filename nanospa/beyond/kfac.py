@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import backend
 from ..nn import Linear
-from ..optim import adamw_update
+from ..optim import _check_betas, adamw_update, check_lr
 from ..run.threads import parallel_map, slice_bounds, threads
 from ..tensor import Function, no_grad
 
@@ -42,7 +42,7 @@ FISHER_MODES = ("sampled", "empirical", "exact")
 DAMPING_MODES = ("factored", "exact")
 INVERSE_DTYPES = ("float64", "float32")
 SETTINGS = {  # the constructor's checks: name -> (test, what a good value is)
-    "lr": (lambda v: v >= 0, ">= 0"), "damping": (lambda v: v > 0, "> 0"),
+    "lr": (lambda v: _finite(v) and v >= 0, "finite and >= 0"), "damping": (lambda v: _finite(v) and v > 0, "finite and > 0"),
     "ema": (lambda v: 0 <= v < 1, "in [0, 1)"), "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "inv_interval": (lambda v: isinstance(v, int) and v >= 1, "a positive integer"),
     "weight_decay": (lambda v: v >= 0, ">= 0"), "kl_clip": (lambda v: v >= 0, ">= 0 (0 = off)"),
@@ -51,6 +51,10 @@ SETTINGS = {  # the constructor's checks: name -> (test, what a good value is)
     "inverse_dtype": (lambda v: v in INVERSE_DTYPES, f"one of {INVERSE_DTYPES}"),
     "damping_mode": (lambda v: v in DAMPING_MODES, f"one of {DAMPING_MODES}"),
 }
+
+
+def _finite(v):
+    return not isinstance(v, bool) and isinstance(v, (int, float, np.floating, np.integer)) and math.isfinite(v)
 
 
 class _Tap(Function):
@@ -195,9 +199,13 @@ class KFAC:
             raise ValueError("K-FAC: " + "; ".join(bad))
         for k, v in values.items():
             setattr(self, k, v)
-        (self.b1, self.b2), self.adam_eps, self.seed, self.allreduce = adam_betas, adam_eps, seed, allreduce
+        if not (_finite(adam_eps) and adam_eps > 0):
+            raise ValueError(f"K-FAC: adam_eps must be finite and > 0, got {adam_eps!r}")
+        (self.b1, self.b2), self.adam_eps, self.seed, self.allreduce = _check_betas(adam_betas), adam_eps, seed, allreduce
         self.logits_fn = logits_fn or (lambda idx: _first(model(idx)))
         self.params = model.parameters()
+        if not self.params:
+            raise ValueError("K-FAC: the model has no parameters")
         index = {id(p): i for i, p in enumerate(self.params)}
         self._local = threading.local()
         self.blocks = []
@@ -212,6 +220,9 @@ class KFAC:
         self.mom = [None] * len(self.params)                # K-FAC blocks' momentum
         self.m = [None] * len(self.params)                  # the fallback's Adam moments
         self.v = [None] * len(self.params)
+
+    lr = property(lambda self: self._lr, lambda self, value: setattr(self, "_lr", check_lr(value)),
+                  doc="The learning rate; setting it checks it (finite and >= 0).")
 
     def zero_grad(self):
         for p in self.params:

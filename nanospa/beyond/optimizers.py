@@ -27,6 +27,7 @@ OPTIMIZER_DEFAULTS = dict(
     kfac_fisher="sampled",      # K-FAC Fisher: sampled (true Fisher) | empirical | exact (every class)
     kfac_stats_fraction=0.25,   # K-FAC share of the batch's sequences in the curvature pass
     kfac_adam_lr_ratio=0.05,    # K-FAC Adam fallback's lr / learning_rate
+    mup_base_width=0,           # AdamW: the lr of every Linear weight times mup_base_width / n_embd (muP's width rule); 0 = off
 )
 KFAC_KEYS = [k for k in OPTIMIZER_DEFAULTS if k.startswith("kfac_")]
 
@@ -36,6 +37,11 @@ def check_optimizer(s):
     (K-FAC's own checks, run on its settings alone)."""
     if s["optimizer"] not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {s['optimizer']!r}")
+    base = s.get("mup_base_width", 0)
+    if isinstance(base, bool) or not isinstance(base, int) or base < 0:
+        raise ValueError(f"mup_base_width must be an integer >= 0 (0 = off), got {base!r}")
+    if base and s["optimizer"] != "adamw":
+        raise ValueError(f"mup_base_width={base} scales AdamW's rates; optimizer={s['optimizer']!r} has its own")
     from .kfac import SETTINGS
     for key in KFAC_KEYS:
         ok, what = SETTINGS[key[len("kfac_"):]]
@@ -52,7 +58,29 @@ def make_optimizer(s, model, seed=0, rank=0, allreduce=None):
     check_optimizer(s)
     betas = (s["beta1"], s["beta2"])
     if s["optimizer"] == "adamw":       # parameters marked no_decay are never decayed
-        return AdamW(model.parameters(), lr=s["learning_rate"], betas=betas, weight_decay=s["weight_decay"])
+        return AdamW(model.parameters(), lr=s["learning_rate"], betas=betas, weight_decay=s["weight_decay"],
+                     lr_scales=mup_lr_scales(model, s.get("mup_base_width", 0)))
     return KFAC(model, lr=s["learning_rate"], adam_betas=betas, weight_decay=s["weight_decay"],
                 seed=seed + 1000 * rank, allreduce=allreduce,
                 **{k[len("kfac_"):]: s[k] for k in KFAC_KEYS})
+
+
+def mup_lr_scales(model, base_width):
+    """Per-parameter multipliers of AdamW's lr for muP's width transfer (Yang et al., Tensor
+    Programs V, Table 3, Adam): a matrix whose fan-in grows with the width, every Linear's
+    weight here (q, k, v, the projections, the MLP, the head), gets lr x base_width / n_embd,
+    so its per-coordinate update shrinks like 1 / width; embeddings, gains, biases, SPA's B_l
+    and SkipInit's scalars keep lr. At n_embd = base_width every multiplier is 1: the plain
+    AdamW, bit for bit. None (all 1) when base_width is 0. The initialisation is left as it is
+    (nanospa's, not muP's): the rule is tried as a rate transfer alone (docs/results.md)."""
+    if not base_width:
+        return None
+    from ..nn import Linear
+    ratio = base_width / model.config.n_embd
+    weights, todo = set(), [model]
+    while todo:
+        m = todo.pop()
+        if isinstance(m, Linear):
+            weights.add(id(m.weight))
+        todo.extend(child for _, child in m.children())
+    return [ratio if id(p) in weights else 1.0 for p in model.parameters()]

@@ -11,6 +11,7 @@ the paper (docs/method.md §12), and the kernel-budget study.
     kfac     K-FAC against AdamW on vanilla E-SPA, standard attention and Pre-LN
     norms    every residual and normalisation scheme at depth, beside vanilla E-SPA
     causality  how much a causal LM's loss at t sees tokens after t, per norm (docs/norms.md)
+    scaling  vanilla E-SPA and Pre-LN across width and depth: best rate, divergence edge, lead, muP rule
 
 Each writes result.json, table.md and plot.png to --out (default out/NAME). Presets:
 --preset=quick (default; a 2-core CPU, about 15 minutes or less), --preset=full (one GPU),
@@ -24,7 +25,7 @@ import sys
 
 from ..run.settings import fail
 
-COMMANDS = ("fig1", "fig2", "table1", "fig3", "table2", "longer", "budget", "kfac", "norms", "causality")
+COMMANDS = ("fig1", "fig2", "table1", "fig3", "table2", "longer", "budget", "kfac", "norms", "causality", "scaling")
 
 
 def main(argv=None):
