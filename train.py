@@ -170,8 +170,8 @@ def train(argv):
         print(f"data: {ds.name}: {len(ds.train):,} train / {len(ds.val):,} val {ds.tokenizer} tokens, unigram "
               f"entropy {unigram_entropy(ds.train, ds.vocab_size):.3f} nats/token (a context-free predictor)")
         eval_rng = np.random.default_rng(EVAL_SEED)
-        eval_sets = {split: [get_batch(tokens, B, T, eval_rng) for _ in range(s["eval_iters"])]
-                     for split, tokens in (("train", ds.train), ("val", ds.val))}
+        eval_sets = {split: [get_batch(tokens, B * A, T, eval_rng) for _ in range(s["eval_iters"])]
+                     for split, tokens in (("train", ds.train), ("val", ds.val))}   # each a step's batch
         probe = eval_sets["val"][0][0][:PROBE_ROWS]   # (b, T) fixed batch for the signal statistics
 
         # -- model and init summary
@@ -198,8 +198,9 @@ def train(argv):
 
         # -- estimate_loss on the fixed batches, plus the per-layer signal statistics (method §13)
         def estimate_loss():                          # in evaluation mode (BatchNorm: running statistics)
-            with no_grad(), model.evaluating():
-                loss = {split: world.mean(np.mean([model(world.shard(x), world.shard(y))[1].item() for x, y in batches]))
+            with no_grad(), model.evaluating():     # by micro-batches of B: the memory of a step
+                loss = {split: world.mean(np.mean([model(world.shard(x[i:i + B]), world.shard(y[i:i + B]))[1].item()
+                                                   for x, y in batches for i in range(0, B * A, B)]))
                         for split, batches in eval_sets.items()}
                 kernels = measured_kernels(model, probe)["hidden"]  # L+1 batch-mean kernels (T, T)
             return dict(ds.per_byte(val_loss=loss["val"], eval_train_loss=loss["train"]), **layer_stats(kernels))

@@ -29,7 +29,7 @@ def test_make_optimizer_builds_what_the_settings_name():
     s.update(optimizer="kfac", learning_rate=0.07, kfac_damping=0.02, kfac_inv_interval=3, beta1=0.8)
     opt = make_optimizer(s, model, seed=5, rank=2)
     assert isinstance(opt, KFAC)
-    assert (opt.lr, opt.damping, opt.inv_interval, opt.b1, opt.seed) == (0.07, 0.02, 3, 0.8, 2005)
+    assert (opt.lr, opt.damping, opt.inv_interval, opt.b1, opt.seed) == (0.07, 0.02, 3, 0.8, 5)   # every rank alike
     assert len(opt.blocks) == 4 * 2 + 2 * 2 + 1       # q, k, v, proj, fc, proj per block; the head
 
 
@@ -97,7 +97,7 @@ def test_experiment_runs_train_with_the_methods_optimizer(monkeypatch):
     from nanospa.experiments import common
     calls = []
     original = KFAC.update_curvature
-    monkeypatch.setattr(KFAC, "update_curvature", lambda self, x, y: (calls.append(1), original(self, x, y)))
+    monkeypatch.setattr(KFAC, "update_curvature", lambda self, x, y, **kw: (calls.append(1), original(self, x, y, **kw)))
     cfg = GPTConfig(n_layer=2, n_embd=16, n_head=2, block_size=8, vocab_size=20)
     tokens = np.random.default_rng(0).integers(0, 20, size=400)
     adam = common.train_run(cfg, tokens, tokens, steps=4, lr=0.01, batch_size=4, eval_batches=1)
@@ -127,3 +127,23 @@ def test_kfac_findings_read_the_gap_from_the_summaries():
     assert any("-> narrower, not closed" in l for l in kfac.findings(result))
     result["methods"]["espa_adamw"] = method(2.1)             # vanilla E-SPA already ahead
     assert any("no gap to close" in l for l in kfac.findings(result))
+
+
+@needs_mpi
+def test_sampled_fisher_resumed_under_another_number_of_ranks_is_the_same_run(tmp_path):
+    """K-FAC with the default sampled Fisher: 2 ranks, then 1, then 2 again (resuming each
+    time) train as one process throughout (float64): the targets are drawn for the whole
+    batch and each rank uses its share, so the number of ranks does not enter the run."""
+    args = ["--optimizer=kfac", "--learning_rate=0.05", "--min_lr=0.005", "--kfac_inv_interval=2",
+            "--kfac_stats_fraction=0.5", "--lr_decay_iters=6"]
+    assert run_train(0, tmp_path / "one", *args).returncode == 0
+    out = tmp_path / "mixed"
+    for n, until, more in ((2, 2, []), (0, 4, ["--init_from=resume"]), (2, 6, ["--init_from=resume"])):
+        p = run_train(n, out, *args, f"--max_iters={until}", *more)
+        assert p.returncode == 0, p.stderr
+    logs = [{r["iter"]: r for r in read_log(p)} for p in (tmp_path / "one", out)]
+    assert sorted(logs[0]) == sorted(logs[1])
+    for it, r in logs[0].items():                            # every step's loss; the evaluations both made
+        np.testing.assert_allclose(logs[1][it]["train_loss"], r["train_loss"], rtol=RTOL, atol=0)
+        if "val_loss" in r and "val_loss" in logs[1][it]:
+            np.testing.assert_allclose(logs[1][it]["val_loss"], r["val_loss"], rtol=RTOL, atol=0)

@@ -229,23 +229,32 @@ class KFAC:
             p.grad = None
 
     # ---- curvature -------------------------------------------------------------------
-    def update_curvature(self, idx, targets=None):
-        """One curvature pass on the first stats_fraction of the batch's sequences: forward,
+    def update_curvature(self, idx, targets=None, rank=0, size=1, max_rows=None):
+        """One curvature pass on the first stats_fraction of the batch's m sequences: forward,
         output gradients of the sampled (or given, or every) targets, backward into the
-        captures only; then the moving averages of A and G. Slices run on run/threads.threads()
-        workers and are added in slice order (deterministic); ``.grad`` is left alone."""
+        captures only; then the moving averages of A and G. ``.grad`` is left alone.
+
+        idx (and targets) is the whole batch, the same on every one of `size` ranks; this rank
+        takes its share of the m sequences (run/threads.slice_bounds), in slices on the worker
+        threads of at most max_rows sequences each (a micro-batch's share under gradient
+        accumulation), added in slice order. The sampled targets' uniforms are drawn for the m
+        sequences from (seed, step) alone, and each rank contributes its sums over the global
+        row count (the factors' mean over ranks is then the m sequences' mean): the statistics
+        are the same, to the rounding of their sums, whatever the number of ranks, threads or
+        micro-batches, and a resumed run draws what the uninterrupted one drew."""
         n = len(idx)
         m = max(1, int(round(n * self.stats_fraction)))
-        idx = idx[:m]
-        if self.fisher == "empirical":
-            if targets is None:
-                raise ValueError("K-FAC fisher='empirical' needs the batch's targets")
-            targets = targets[:m]
-        # Uniforms for the sampled targets depend on (seed, step) only: not on the slicing,
-        # and a resumed run draws what the uninterrupted one drew.
-        u = np.random.default_rng([self.seed, self.t]).random(int(np.prod(idx.shape)))
-        k = max(1, min(m, threads()))
-        bounds = slice_bounds(m, k)
+        if m < size:
+            raise ValueError(f"K-FAC: the curvature pass has {m} sequences for {size} ranks; raise "
+                             "kfac_stats_fraction or batch_size")
+        if self.fisher == "empirical" and targets is None:
+            raise ValueError("K-FAC fisher='empirical' needs the batch's targets")
+        u = np.random.default_rng([self.seed, self.t]).random(m * int(np.prod(idx.shape[1:])))
+        lo_r, hi_r = slice_bounds(m, size)[rank:rank + 2]
+        rows = hi_r - lo_r
+        k = max(1, min(rows, max(threads(), -(-rows // max_rows) if max_rows else 1)))
+        bounds = [lo_r + b for b in slice_bounds(rows, k)]
+        self._share = (m, size)
 
         def run(s):
             lo, hi = bounds[s], bounds[s + 1]
@@ -266,7 +275,7 @@ class KFAC:
             if sums is None or sums.gg is None:
                 raise RuntimeError(f"K-FAC: Linear {blk.name} took no part in the curvature pass "
                                    "(unused, or its hook belongs to another K-FAC optimiser)")
-            batch += [_Slot(f) for f in self._batch_factors(sums, with_bias=blk.b is not None)]
+            batch += [_Slot(f) for f in self._batch_factors(sums, blk.b is not None, rows, *self._share)]
         if self.allreduce is not None:                      # data parallel: the mean over ranks
             self.allreduce(batch)
         for blk, A, G in zip(self.blocks, batch[0::2], batch[1::2]):    # moving sums, from 0
@@ -301,15 +310,18 @@ class KFAC:
         logits.backward(dz.reshape(logits.shape), leaf_grads={})
 
     @staticmethod
-    def _batch_factors(sums, with_bias):
-        """A = mean of x x^T (with the homogeneous 1 for a bias), G = mean of g g^T."""
+    def _batch_factors(sums, with_bias, seqs=None, m=None, size=1):
+        """A = mean of x x^T (with the homogeneous 1 for a bias), G = mean of g g^T, over the m
+        sequences' rows: this rank's sums over the rows of all m (of which it holds `seqs`),
+        times `size`, so that the mean over the ranks is the mean over all rows."""
         xp = backend.xp_of(sums.xx)
         xx = sums.xx
         if with_bias:
             n = xp.asarray([sums.rows], dtype=xx.dtype)
             xx = xp.concatenate([xp.concatenate([xx, sums.xs[:, None]], axis=1),
                                  xp.concatenate([sums.xs, n])[None, :]], axis=0)
-        return xx / sums.rows, sums.gg / sums.rows
+        rows = sums.rows if seqs is None or size == 1 else sums.rows // seqs * m / size   # per-rank share of all
+        return xx / rows, sums.gg / rows
 
     def factors(self, i):
         """Block i's bias-corrected moving averages (A, G): A / (1 - ema^updates)."""

@@ -52,7 +52,8 @@ def check_optimizer(s):
 def make_optimizer(s, model, seed=0, rank=0, allreduce=None):
     """The optimiser `s` names for `model`: AdamW or KFAC. ``allreduce`` (K-FAC): the
     World's allreduce_grads when several ranks train (the factors are averaged over them);
-    each rank draws its own sampled targets (seed + 1000 rank)."""
+    every rank draws the same sampled targets for the whole batch and uses its share (the
+    run does not depend on the number of ranks). ``rank`` is kept for callers; unused."""
     from ..optim import AdamW
     from .kfac import KFAC
     check_optimizer(s)
@@ -61,7 +62,7 @@ def make_optimizer(s, model, seed=0, rank=0, allreduce=None):
         return AdamW(model.parameters(), lr=s["learning_rate"], betas=betas, weight_decay=s["weight_decay"],
                      lr_scales=mup_lr_scales(model, s.get("mup_base_width", 0)))
     return KFAC(model, lr=s["learning_rate"], adam_betas=betas, weight_decay=s["weight_decay"],
-                seed=seed + 1000 * rank, allreduce=allreduce,
+                seed=seed, allreduce=allreduce,
                 **{k[len("kfac_"):]: s[k] for k in KFAC_KEYS})
 
 

@@ -12,7 +12,8 @@ On the batch (x, y) of N sequences (host arrays (N, T)), in order:
            L = sum_j (n_j / N) L_j,    dL/dtheta = sum_j (n_j / N) dL_j/dtheta
 
        is the loss and gradient of the whole batch, to the rounding of a sum in another order;
-    2. K-FAC's curvature pass on the batch (the optimiser's update_curvature; AdamW has none);
+    2. K-FAC's curvature pass on the batch (the optimiser's update_curvature; AdamW has none):
+       this rank's share of its first sequences, in pieces no larger than a micro-batch's;
     3. the mean gradient over ranks; global-norm clipping to grad_clip (0: off);
     4. the update (optimizer.step, zero_grad, the model's after_step), only when the loss and
        the gradient norm are finite: a caller that sees a non-finite value stops with the
@@ -41,7 +42,7 @@ def train_step(model, optimizer, x, y, grad_clip=0.0, accum=1, world=SINGLE):
         loss += sharded_backward(lambda a, b: model(a, b)[1], xs, ys, weight=(hi - lo) / n).item()
     update_curvature = getattr(optimizer, "update_curvature", None)
     if update_curvature is not None:                          # K-FAC: leaves .grad alone
-        update_curvature(world.shard(x), world.shard(y))
+        update_curvature(x, y, rank=world.rank, size=world.size, max_rows=max(1, n // accum // world.size))
     params = model.parameters()
     world.allreduce_grads(params)                             # the global batch's mean gradient
     norm = clip_grad_norm(params, grad_clip)
