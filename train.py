@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from data import check_length, check_tokenizer, get_batch, load_dataset, unigram_entropy
 from nanospa import backend
-from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, check_optimizer, make_optimizer
+from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, RATES, check_optimizer, make_optimizer, rates_for
 from nanospa.config import GPTConfig
 from nanospa.measure import layer_stats, measured_kernels, show
 from nanospa.model import GPT
@@ -76,10 +76,10 @@ TRAIN_DEFAULTS = dict(
     n_layer=12,                # transformer blocks (L)
     n_head=4,                  # attention heads (H)
     n_embd=64,                 # width (C)
-    learning_rate=2e-3,        # peak learning rate (AdamW's, or K-FAC's with --optimizer=kfac)
+    learning_rate=RATES["adamw"]["learning_rate"],  # peak learning rate: AdamW's 2e-3; with --optimizer=kfac K-FAC's own 3e-2 unless given
     warmup_iters=100,          # linear warm-up steps
     lr_decay_iters=0,          # cosine decay reaches min_lr here, then min_lr; 0 = max_iters of the run's start
-    min_lr=2e-4,               # final learning rate
+    min_lr=RATES["adamw"]["min_lr"],  # final learning rate: 2e-4 with AdamW, 3e-3 with --optimizer=kfac, unless given
     weight_decay=0.0,          # AdamW decoupled weight decay (never on no_decay parameters)
     beta1=0.9,                 # AdamW beta1 (K-FAC: its Adam fallback's)
     beta2=0.95,                # AdamW beta2 (K-FAC: its Adam fallback's)
@@ -152,7 +152,7 @@ def usage():
 
 def train(argv):
     """The whole run -> exit status; raises for bad input (main turns that into one line)."""
-    with Session(argv, DEFAULTS, PRESETS, check_settings, MODEL_KEYS) as run:  # out_dir, lock, signals, resume
+    with Session(argv, DEFAULTS, PRESETS, check_settings, MODEL_KEYS, rates_for) as run:  # out_dir, lock, signals, resume
         s, world = run.settings, run.world
         if run.nothing_to_do:
             return 0
@@ -191,6 +191,8 @@ def train(argv):
         optimizer = make_optimizer(s, model, seed=s["seed"], rank=world.rank,     # AdamW or K-FAC
                                    allreduce=world.allreduce_grads if world.size > 1 else None)
         start, run.best_val, evaluate_now = run.begin(model, optimizer, rng, ds)
+        print(f"optimizer: {s['optimizer']}, learning rate {s['learning_rate']:g} -> {s['min_lr']:g}, batch "
+              f"{B * A} sequences" + (f" in {A} micro-batches of {B}" if A > 1 else ""))
 
         # -- get_lr: linear warm-up, then cosine decay to min_lr at lr_decay_iters, then min_lr
         def get_lr(it):

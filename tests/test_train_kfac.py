@@ -147,3 +147,29 @@ def test_sampled_fisher_resumed_under_another_number_of_ranks_is_the_same_run(tm
         np.testing.assert_allclose(logs[1][it]["train_loss"], r["train_loss"], rtol=RTOL, atol=0)
         if "val_loss" in r and "val_loss" in logs[1][it]:
             np.testing.assert_allclose(logs[1][it]["val_loss"], r["val_loss"], rtol=RTOL, atol=0)
+
+
+def settings_of(tmp_path, text_file, *args):
+    from nanospa.run.checkpoint import load_checkpoint
+    out = tmp_path / "o"
+    assert run(tmp_path, text_file, "--max_iters=1", *args, out="o") == 0
+    s = load_checkpoint(str(out / "ckpt.npz"))["settings"]
+    return s["learning_rate"], s["min_lr"]
+
+
+@pytest.mark.parametrize("args, rates", [
+    ([], (2e-3, 2e-4)),                                                     # AdamW as ever
+    (["--optimizer=kfac"], (3e-2, 3e-3)),                                   # K-FAC's own
+    (["--optimizer=kfac", "--learning_rate=0.05"], (0.05, 3e-3)),            # an explicit value wins
+    (["--optimizer=kfac", "--learning_rate=0.05", "--min_lr=0.001"], (0.05, 1e-3)),
+])
+def test_the_default_rates_follow_the_optimiser(tmp_path, text_file, args, rates):
+    assert settings_of(tmp_path, text_file, *args) == pytest.approx(rates)
+
+
+def test_a_resumed_kfac_run_keeps_its_own_rates(tmp_path, text_file):
+    assert run(tmp_path, text_file, "--max_iters=1", "--optimizer=kfac", "--learning_rate=0.05", out="o") == 0
+    assert run(tmp_path, text_file, "--max_iters=2", "--init_from=resume", out="o") == 0
+    from nanospa.run.checkpoint import load_checkpoint
+    s = load_checkpoint(str(tmp_path / "o" / "ckpt.npz"))["settings"]
+    assert (s["learning_rate"], s["min_lr"]) == (0.05, 3e-3)

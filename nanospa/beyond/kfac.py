@@ -186,7 +186,7 @@ class KFAC:
     that replaces each ``.grad`` of a list of objects by its mean over ranks (the signature
     of nanospa.run.distributed's World.allreduce_grads), applied to the batch factors."""
 
-    def __init__(self, model, lr=0.05, damping=1e-3, ema=0.95, inv_interval=10, momentum=0.5,
+    def __init__(self, model, lr=0.03, damping=1e-2, ema=0.95, inv_interval=10, momentum=0.5,
                  weight_decay=0.0, kl_clip=1e-3, fisher="sampled", stats_fraction=0.25,
                  inverse_dtype="float64", damping_mode="factored", adam_betas=(0.9, 0.999),
                  adam_eps=1e-8, adam_lr_ratio=0.05, seed=0, logits_fn=None, allreduce=None):

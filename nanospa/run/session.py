@@ -1,9 +1,10 @@
 """A training run's bookkeeping, for train.py: its settings on resume, its out_dir, its
 processes and its signals, each behind one call, so that train.py shows the training.
 
-    with Session(argv, defaults, presets, check, model_keys) as run:
+    with Session(argv, defaults, presets, check, model_keys, derive) as run:
         run.settings            the command line over the defaults (--preset first), or on
-                                resume over the checkpoint's own settings; checked (check), the
+                                resume over the checkpoint's own settings; defaults that follow
+                                other settings filled in on a scratch run (derive); checked (check), the
                                 schedule made the run's (lr_decay_iters 0 -> the first max_iters)
         run.world               the processes (run/distributed.py; one without mpiexec)
         run.nothing_to_do       resume at max_iters (a line says so)
@@ -49,8 +50,9 @@ def settings_of(argv, defaults, presets):
 
 
 class Session:
-    def __init__(self, argv, defaults, presets, check, model_keys):
+    def __init__(self, argv, defaults, presets, check, model_keys, derive=None):
         self.argv, self.defaults, self.presets, self.check, self.model_keys = argv, defaults, presets, check, model_keys
+        self.derive = derive            # derive(s, given): defaults that follow other settings (scratch runs)
         self.settings = settings_of(argv, defaults, presets)
         check_run_dir(self.settings["out_dir"])       # a file or a folder where one is expected: refused now
         self.world = distributed.world()              # size 1 without mpiexec: every collective is a no-op
@@ -87,6 +89,9 @@ class Session:
             s = self.settings = settings_of(self.argv, {**self.defaults, **saved, "out_dir": out_dir}, self.presets)
             check_same_model(s, saved, self.model_keys + ["optimizer", "tokenizer"])
             self.start = int(self.ckpt["state"]["iter"])
+        if not self.ckpt and self.derive is not None:
+            given = explicit | set(self.presets.get(s["preset"], {}) if s["preset"] else ())
+            self.derive(s, given)                     # e.g. K-FAC's own learning rate
         self.check(s, explicit, "from the checkpoint" if self.ckpt else "the default")
         world.check_batch(s["batch_size"])            # one line on every rank, before any collective
         if not world.is_main:
