@@ -34,7 +34,7 @@ class GPTConfig:
     n_head: int = 4
     n_embd: int = 128
     mlp_ratio: int = 4             # MLP hidden width = mlp_ratio * n_embd
-    attention: str = "espa"        # softmax | value_skipinit | uspa | espa
+    attention: str = "auto"        # softmax | value_skipinit | uspa | espa; auto: espa (softmax with residual=ngpt)
     activation: str = "tat_lrelu"  # plain: relu, gelu, ...; shaped: dks_gelu, tat_lrelu, tat_gelu, ...
     residual: str = "none"         # none | standard | normalised | deepnorm | ngpt (docs/residuals.md)
     residual_beta: float = 0.1     # branch weight b of a normalised residual (a = sqrt(1 - b^2))
@@ -43,7 +43,7 @@ class GPTConfig:
     norm_groups: int = 4           # groupnorm: groups of n_embd / norm_groups channels; 1 = LayerNorm
     prepbn_steps: int = 400        # prepbn: optimiser steps over which LN's share falls from 1 to 0
     prepbn_eta: float = 1.0        # prepbn: RepBN's eta at init (SLAB's 1; 0: RepBN starts as plain BN)
-    norm_position: str = "pre"     # pre | post
+    norm_position: str = "auto"    # pre | post; auto: pre (post with residual=deepnorm, Post-LN by definition)
     final_norm: str = "auto"       # auto (a final norm when norm != none and residual != none) | yes | no
     pos: str = "none"              # none | learned | sinusoidal (embedding) | alibi | rope | spa_prior (attention; docs/positions.md)
     dtype: str = "float32"         # float32 | float64 (parameters and activations)
@@ -64,6 +64,12 @@ class GPTConfig:
     residual_attention: bool = False  # RealFormer: pre-softmax scores carried to the next layer (dense only)
 
     def __post_init__(self):
+        # A field left at "auto" takes the one value its scheme allows, else the paper's default:
+        # an explicit value that contradicts the scheme is refused by the checks below.
+        if self.attention == "auto":
+            self.attention = "softmax" if self.residual == "ngpt" else "espa"
+        if self.norm_position == "auto":
+            self.norm_position = "post" if self.residual == "deepnorm" else "pre"
         def choice(name, allowed):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} is not one of {list(allowed)}")

@@ -31,10 +31,23 @@ def tiny(**kw):
 
 # ------------------------------------------------------------------ configuration
 
+def test_a_single_valid_choice_is_taken_when_unset():
+    """DeepNorm is Post-LN: norm_position left unset means post; nGPT's attention is softmax:
+    attention left unset means softmax. Unset elsewhere: the paper's defaults (pre, E-SPA)."""
+    from nanospa.config import GPTConfig
+    assert GPTConfig(residual="deepnorm", norm="layernorm").norm_position == "post"
+    assert GPTConfig(residual="ngpt", activation="swish").attention == "softmax"
+    assert (GPTConfig().norm_position, GPTConfig().attention) == ("pre", "espa")
+    with pytest.raises(ValueError, match="norm_position='pre'.*residual='deepnorm'"):
+        GPTConfig(residual="deepnorm", norm="layernorm", norm_position="pre")   # both settings named
+    with pytest.raises(ValueError, match="attention='espa'.*residual='ngpt'"):
+        GPTConfig(residual="ngpt", activation="swish", attention="espa")
+
+
 @pytest.mark.parametrize("kw,field", [
     (dict(residual="deepnorm"), "norm"),                                   # DeepNorm needs a norm
     (dict(residual="deepnorm", norm="dyt", norm_position="post"), "norm"),
-    (dict(residual="deepnorm", norm="layernorm"), "norm_position"),         # and is Post-LN
+    (dict(residual="deepnorm", norm="layernorm", norm_position="pre"), "norm_position"),   # Post-LN: pre refused
     (dict(residual_attention=True, attention_impl="blockwise"), "attention_impl"),
     (dict(residual_attention=1), "residual_attention"),
 ])

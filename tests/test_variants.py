@@ -24,7 +24,7 @@ TARGETS = np.roll(IDX, -1, axis=1)
 AXES = {"attention": "ATTENTIONS", "residual": "RESIDUALS", "norm": "NORMS", "pos": "POSITIONS",
         "activation": "BASE_ACTIVATIONS"}
 # settings a value needs beside it (each a contradiction GPTConfig names otherwise)
-COMPANIONS = {"deepnorm": dict(norm="layernorm", norm_position="post"), "ngpt": dict(attention="softmax"),
+COMPANIONS = {"deepnorm": dict(norm="layernorm"),   # its norm_position and nGPT's attention: the only valid ones
               "spa_prior": dict(attention="softmax"), "groupnorm": dict(norm_groups=2),
               "batchnorm": dict(norm_causal=True), "prepbn": dict(norm_causal=True)}
 
