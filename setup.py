@@ -9,7 +9,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["nanospa", "nanospa.*"]),
-    py_modules=["data"],
+    py_modules=["data"],   # train.py and sample.py are commands run from the checkout, as in nanoGPT
     install_requires=["numpy>=1.24", "tqdm"],
     extras_require={
         "gpu": ["cupy"],            # or the cupy-cudaXXx wheel matching your CUDA

@@ -94,21 +94,23 @@ def _sync_folder(folder):
         os.close(fd)
 
 
-def load_checkpoint(path):
+def load_checkpoint(path, purpose="resume"):
     """-> dict(model=, optim=, settings=, config=, state=); CheckpointError when the file is
-    missing, is not a readable .npz, or lacks an entry that restore() needs."""
+    missing, is not a readable .npz, or lacks an entry that restore() needs. `purpose`
+    ("resume" or "sample") words the messages for the command that reads it."""
+    what = "--init_from=resume" if purpose == "resume" else "sample.py"
+    todo = "delete it or use --init_from=scratch" if purpose == "resume" else "train it with train.py, or name another --out_dir"
     if os.path.isdir(path):
         raise CheckpointError(f"{path} is a folder, not a checkpoint file")
     if not os.path.isfile(path):
-        raise CheckpointError(f"--init_from=resume: no checkpoint at {path}")
+        raise CheckpointError(f"{what}: no checkpoint at {path}" + ("" if purpose == "resume" else f"; {todo}"))
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
         ckpt = {name: json.loads(str(arrays.pop(name))) for name in JSON_PARTS}
     except (OSError, ValueError, KeyError, EOFError, TypeError, zipfile.BadZipFile) as e:
         reason = " ".join(f"{type(e).__name__}: {e}".split())
-        raise CheckpointError(f"checkpoint {path} is unreadable ({reason}); "
-                              "delete it or use --init_from=scratch") from None
+        raise CheckpointError(f"checkpoint {path} is unreadable ({reason}); {todo}") from None
     for part in ("model", "optim"):
         ckpt[part] = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(part + "/")}
     missing = [f"state.{k}" for k in STATE_KEYS if not isinstance(ckpt["state"], dict) or k not in ckpt["state"]]
@@ -116,8 +118,7 @@ def load_checkpoint(path):
     missing += ["optim/t"] if "t" not in ckpt["optim"] else []
     missing += ["model/*"] if not ckpt["model"] else []
     if missing:
-        raise CheckpointError(f"checkpoint {path} is incomplete (no {', '.join(missing)}); "
-                              "delete it or use --init_from=scratch")
+        raise CheckpointError(f"checkpoint {path} is incomplete (no {', '.join(missing)}); {todo}")
     return ckpt
 
 
