@@ -150,6 +150,18 @@ def source_notes(*paths):
     return notes
 
 
+PLOT_HINT = "pip install -e .[plot]  (or: pip install matplotlib)"
+
+
+def need_matplotlib(what):
+    """SettingsError, before any work, when `what` (a setting or command) needs matplotlib
+    and it is not installed."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SettingsError(f"{what} needs matplotlib, which is not installed: {PLOT_HINT}") from None
+
+
 def fail(error):
     """Print `error: MESSAGE` on one line of stderr; -> the exit status for bad input."""
     # one write of the whole line: under mpiexec the ranks' lines must not interleave

@@ -70,7 +70,7 @@ def show(value, nested=False):
 
 def run(argv):
     from nanospa.config import GPTConfig
-    from nanospa.run.settings import check_output_file, help_text, parse_settings, wants_help
+    from nanospa.run.settings import check_output_file, help_text, need_matplotlib, parse_settings, wants_help
     cfg_defaults = {f.name: getattr(GPTConfig(), f.name) for f in fields(GPTConfig)}
     defaults = {**cfg_defaults, **SETTINGS}
     if wants_help(argv):
@@ -84,6 +84,7 @@ def run(argv):
         raise ValueError(f"--seed must be >= 0, got {s['seed']}")
     if s["plot"]:
         check_output_file(s["plot"], "plot")       # before any work: a folder, or a missing folder
+        need_matplotlib(f"--plot={s['plot']}")     # and matplotlib there, not after the work
 
     cfg = GPTConfig(**{k: s[k] for k in cfg_defaults})
     try:
