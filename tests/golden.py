@@ -8,7 +8,23 @@ built and trained for a few AdamW steps: the losses and a parameter checksum (su
 squares of every parameter, the B_l and D_l buffers included) are recorded. For each
 kernel-budget policy the plan's schedule and per-layer B_l, D_l checksums are recorded, and
 the text of `python -m nanospa.signal` for a few configurations. A refactoring that is meant
-to leave behaviour unchanged must reproduce all of it to 1e-12 relative (the text exactly).
+to leave behaviour unchanged must reproduce all of it within TOLERANCES (the text word for
+word, its numbers to the last printed digit).
+
+The tolerances come from measurement, not from one machine (docs/decisions.md, "Tolerances
+from measurement"): the record was made under every OpenBLAS kernel this machine can run
+(OPENBLAS_CORETYPE=Prescott, Sandybridge, Haswell, Zen and its own SkylakeX) and with NumPy's
+SIMD dispatch cut to its baseline (NPY_DISABLE_CPU_FEATURES="AVX512_ICL X86_V4 X86_V3"), and
+the largest relative difference from the native record was, per quantity:
+
+    losses              3.7e-13   (3 AdamW steps amplify the rounding of the first)
+    params[0], a sum    7.4e-12   (of parameters of both signs: cancellation)
+    params[1], sum sq   9.6e-13
+    budgets             7.8e-15   (plans: closed forms and root finds, no BLAS on the path)
+
+Each tolerance is about 100 times that. A semantic change still shows: moving the positions'
+variance, AdamW's rate or the orthogonal weights' scale by 1e-9 relative moves some loss by
+5e-10 to 7e-9 (tests/test_golden.py plants the first).
 """
 import contextlib
 import io
@@ -26,7 +42,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 GOLDEN = pathlib.Path(__file__).with_name("golden.json")
-RTOL = 1e-12
+TOLERANCES = {"losses": 1e-10, "params[0]": 1e-9, "params[1]": 1e-10, "budgets": 1e-12}   # see above
+RTOL = 1e-12          # anything else recorded: plan numbers, checksums of B_l and D_l
+TEXT_ATOL = 1e-13     # printed construction errors sit at the rounding level (~1e-16)
 ATTENTIONS = ("softmax", "value_skipinit", "uspa", "espa")
 RESIDUALS = ("none", "standard", "normalised")
 NORMS = (("none", "pre"), ("layernorm", "pre"), ("layernorm", "post"), ("rmsnorm", "pre"),
@@ -121,8 +139,18 @@ def record():
     return dict(models=model_runs(), budgets=budget_runs(), signal=signal_texts())
 
 
+def tolerance(path):
+    """The relative tolerance of a recorded number, by what it is (TOLERANCES)."""
+    if path.startswith("/models"):
+        for key, tol in TOLERANCES.items():
+            if key in path.rsplit("/", 1)[-1]:
+                return tol
+    return TOLERANCES["budgets"] if path.startswith("/budgets") else RTOL
+
+
 def differences(ref, new, path=""):
-    """Every place where new differs from ref by more than RTOL (numbers) or at all (text)."""
+    """Every place where new differs from ref by more than its tolerance (numbers), or at all
+    (text, apart from its numbers)."""
     if isinstance(ref, dict):
         diffs = [f"{path}: keys {sorted(set(ref) ^ set(new))}"] if set(ref) != set(new) else []
         for k in ref:
@@ -134,7 +162,8 @@ def differences(ref, new, path=""):
             return [f"{path}: length {len(ref)} vs {len(new)}"]
         return [d for i, (a, b) in enumerate(zip(ref, new)) for d in differences(a, b, f"{path}[{i}]")]
     if isinstance(ref, float):
-        if not math.isclose(ref, new, rel_tol=RTOL, abs_tol=RTOL):
+        tol = tolerance(path)
+        if not math.isclose(ref, new, rel_tol=tol, abs_tol=tol):
             return [f"{path}: {ref!r} vs {new!r}"]
         return []
     if isinstance(ref, str) and isinstance(new, str):
@@ -145,14 +174,22 @@ def differences(ref, new, path=""):
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
 
+def _last_digit(text):
+    """The value of one unit in the last printed digit of a number's text (0 for an integer)."""
+    mantissa, _, exponent = text.lower().partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    return 10.0 ** (int(exponent or 0) - decimals) if "." in mantissa or exponent else 0.0
+
+
 def _text_differences(ref, new, path):
-    """Texts must agree word for word except printed numbers, which may differ by RTOL or
-    by an absolute 1e-13 (construction errors printed at the rounding level, ~1e-16)."""
+    """Texts must agree word for word except printed numbers, which may differ by one unit of
+    their last printed digit (a value at a rounding boundary on one CPU and not on another),
+    by RTOL, or by TEXT_ATOL (construction errors printed at the rounding level)."""
     if NUMBER.sub("#", ref) != NUMBER.sub("#", new):
         return [f"{path}: text differs:\n{ref}\n---\n{new}"]
     out = []
     for a, b in zip(NUMBER.findall(ref), NUMBER.findall(new)):
-        if a != b and not math.isclose(float(a), float(b), rel_tol=RTOL, abs_tol=1e-13):
+        if a != b and abs(float(a) - float(b)) > max(1.0001 * _last_digit(a), RTOL * abs(float(a)), TEXT_ATOL):
             out.append(f"{path}: printed {a} vs {b}")
     return out
 

@@ -84,8 +84,8 @@ def test_shaped_op_is_the_float64_phi_hat(name):
         x = Tensor(X.copy(), requires_grad=True)
         y = F.Shaped.apply(x, base=name, a=0.8, b=shift, s=1.3, o=-0.1, **kw)
         y.backward(np.ones_like(X))
-        np.testing.assert_allclose(y.data, t(X), rtol=1e-15, atol=1e-15)
-        np.testing.assert_allclose(x.grad, t.derivative(X), rtol=1e-15, atol=1e-15)
+        np.testing.assert_allclose(y.data, t(X), rtol=1e-14, atol=1e-14)
+        np.testing.assert_allclose(x.grad, t.derivative(X), rtol=1e-14, atol=1e-14)
 
 
 @pytest.mark.parametrize("name", sorted(ac.ACTIVATIONS))

@@ -281,7 +281,7 @@ def test_worker_threads_split_the_blocks_without_changing_the_result():
         cpu.set_threads(previous)
     for i in (0, 2, 3, 4):
         np.testing.assert_array_equal(threaded[i], serial[i])
-    np.testing.assert_allclose(threaded[1], serial[1], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(threaded[1], serial[1], rtol=0, atol=1e-14)
     for x, z in zip(threaded, again):
         np.testing.assert_array_equal(x, z)
     groups = _groups([a + 1 for a in range(6)], 2)

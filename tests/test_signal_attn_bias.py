@@ -94,8 +94,8 @@ def test_propagation_from_identity_ends_at_target(kind):
     for _, _, A in schedule(kind, L, T):
         Sigma = A @ Sigma @ A.T
     target = espa_kernel(T, 0.005) if kind == "espa" else uspa_kernel(T, 0.8)
-    # 36 products of unit-scale matrices, each exact to rounding: 1e-12 is ~50 ulps per layer
-    np.testing.assert_allclose(Sigma, target, rtol=0, atol=1e-12)
+    # 36 products of unit-scale matrices, each exact to rounding: 1e-11 is ~500 ulps per layer
+    np.testing.assert_allclose(Sigma, target, rtol=0, atol=1e-11)
 
 
 def test_espa_closed_form_matches_cholesky_random():
@@ -156,11 +156,11 @@ def test_bias_rows_sum_to_one_and_D_at_least_one(kind):
     T = 256
     for layer in layers(kind, T, 36):
         B, D, logA = layer["B"], layer["D"], layer["logA"]
-        np.testing.assert_allclose(np.exp(B).sum(axis=1), 1.0, rtol=1e-13)   # softmax(B) rows
+        np.testing.assert_allclose(np.exp(B).sum(axis=1), 1.0, rtol=1e-12)   # softmax(B) rows
         assert B.max() <= 0.0 and np.all(np.isneginf(B[np.triu_indices(T, 1)]))
         assert D[0] == 1.0 and np.all(D >= 1.0 - 1e-15)
         # A = diag(D) softmax(B) reproduces the closed form
-        np.testing.assert_allclose(D[:, None] * np.exp(B), np.exp(logA), rtol=1e-13, atol=1e-300)
+        np.testing.assert_allclose(D[:, None] * np.exp(B), np.exp(logA), rtol=1e-12, atol=1e-300)
         B2, D2 = bias_and_rescale(logA)                           # generic log-sum-exp route
         np.testing.assert_allclose(D2, D, rtol=1e-13)
         low = np.tril_indices(T)
@@ -216,7 +216,7 @@ def test_realise_is_diag_D_softmax_B_and_reproduces_the_closed_form(kind):
         assert np.all(np.triu(A, 1) == 0.0) and A.min() >= 0.0
         # the first T' positions: the same matrix (prefix consistent); the longer rows add
         # exact zeros to the softmax sums but may regroup them: an ulp or two
-        np.testing.assert_allclose(realise(B, D, 17), A[:17, :17], rtol=1e-15, atol=0)
+        np.testing.assert_allclose(realise(B, D, 17), A[:17, :17], rtol=1e-14, atol=0)
         # whatever B holds above the diagonal is ignored (the model stores tril(B))
         np.testing.assert_array_equal(realise(np.tril(B), D), A)
 
@@ -331,7 +331,7 @@ def test_layer_bias_takes_the_plans_overrides():
         # ... except at layer 1, where the incoming kernel is I and A_1 A_1^T = Sigma_1
         # already has unit diagonal: the same D (to rounding)
         if l == 1:
-            np.testing.assert_allclose(D, D_ind, rtol=1e-15)
+            np.testing.assert_allclose(D, D_ind, rtol=1e-14)
         else:
             assert np.abs(D - D_ind).max() > 0.1
         parts5, D5 = layer_bias(plan, l, 5)
@@ -346,7 +346,7 @@ def test_layer_bias_takes_the_plans_overrides():
     parts2, D2 = layer_bias(mixed, 2)
     B2 = dense(parts2, 16)[0]
     assert parts2["kind"] == "dense" and np.array_equal(B2, B_own) and np.array_equal(D2, D_own)
-    np.testing.assert_allclose(realise(B2, D2), 2.0 * np.tri(16) / np.arange(1, 17)[:, None], rtol=1e-15)
+    np.testing.assert_allclose(realise(B2, D2), 2.0 * np.tri(16) / np.arange(1, 17)[:, None], rtol=1e-14)
 
 
 # ---------------------------------------------------------------- finite width

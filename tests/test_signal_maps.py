@@ -60,7 +60,7 @@ def test_uniform_attention_map_in_closed_form():
     i = np.arange(T)
     expected = 1.0 / (np.maximum(i[:, None], i[None, :]) + 1.0)
     np.testing.assert_allclose(softmax_attention_map(np.eye(T), n_samples=0), expected,
-                               rtol=1e-15, atol=0)
+                               rtol=1e-14, atol=0)
     # and on a correlated kernel: row i is the mean of Sigma's rows 0..i, then of its columns
     Sigma = kernels.espa_kernel(T, 0.4)
     cums = np.cumsum(np.cumsum(Sigma, axis=0), axis=1)          # cums[i, j] = sum_{k<=i, l<=j}
@@ -139,7 +139,7 @@ def test_identity_mlp_map():
 
 def test_normalise_and_dyt_against_quadrature():
     S = np.array([[2.0, 0.6], [0.6, 0.5]])
-    np.testing.assert_allclose(normalise(S), [[1.0, 0.6 / 1.0], [0.6, 1.0]], rtol=1e-15)
+    np.testing.assert_allclose(normalise(S), [[1.0, 0.6 / 1.0], [0.6, 1.0]], rtol=1e-14)
     # DyT(x) = tanh(alpha x): a 2-D Gauss-Hermite mean over u = L z, L = chol(S)
     L = np.linalg.cholesky(S)
     z, w = gauss()
@@ -174,22 +174,22 @@ def test_block_maps_residual_and_norm_arrangements():
     np.testing.assert_array_equal(h, 2 * S)
     np.testing.assert_array_equal(out, 2 * S)
     h, out = BlockMaps(block_cfg(residual="standard"), LINEAR).sublayer(S, f)
-    np.testing.assert_allclose(out, 3 * S, rtol=1e-15)
+    np.testing.assert_allclose(out, 3 * S, rtol=1e-14)
     maps = BlockMaps(block_cfg(residual="normalised"), LINEAR)
     assert maps.a2 == pytest.approx(0.64) and maps.b2 == pytest.approx(0.36)
-    np.testing.assert_allclose(maps.sublayer(S, f)[1], 0.64 * S + 0.36 * 2 * S, rtol=1e-15)
+    np.testing.assert_allclose(maps.sublayer(S, f)[1], 0.64 * S + 0.36 * 2 * S, rtol=1e-14)
     # pre-norm: the branch sees C, the skip the un-normalised kernel
     h, out = BlockMaps(block_cfg(residual="standard", norm="layernorm"), LINEAR).sublayer(S, f)
-    np.testing.assert_allclose(h, 2 * C, rtol=1e-15)
-    np.testing.assert_allclose(out, S + 2 * C, rtol=1e-15)
+    np.testing.assert_allclose(h, 2 * C, rtol=1e-14)
+    np.testing.assert_allclose(out, S + 2 * C, rtol=1e-14)
     # post-norm: the branch sees S, the sum is normalised
     h, out = BlockMaps(block_cfg(residual="standard", norm="rmsnorm", norm_position="post"),
                        LINEAR).sublayer(S, f)
-    np.testing.assert_allclose(h, 2 * S, rtol=1e-15)
-    np.testing.assert_allclose(out, C, rtol=1e-15)            # normalise(3 S) = C
+    np.testing.assert_allclose(h, 2 * S, rtol=1e-14)
+    np.testing.assert_allclose(out, C, rtol=1e-14)            # normalise(3 S) = C
     # DyT as the norm; no norm means none anywhere
     maps = BlockMaps(block_cfg(norm="dyt"), LINEAR)
-    np.testing.assert_allclose(maps.branch_input(S), dyt_map(S), rtol=1e-15)
+    np.testing.assert_allclose(maps.branch_input(S), dyt_map(S), rtol=1e-14)
     np.testing.assert_array_equal(BlockMaps(block_cfg(), LINEAR).norm(S), S)
 
 
