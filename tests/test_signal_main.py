@@ -169,10 +169,11 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path, capsys, monkeypat
     assert plot_heatmaps(fig, str(tmp_path / "x.png")) is False
     assert "pip install -e .[plot]" in capsys.readouterr().out
     assert not (tmp_path / "x.png").exists()
-    # through the command line: the table still prints, exit status 0, no file
+    # through the command line: refused before any work, one error line, exit 2, no file
     path = tmp_path / "y.png"
     assert cli.main(["--n_layer=4", "--block_size=8", "--kernel_budget=independent", "--eta=0.5",
-                     f"--plot={path}"]) == 0
-    out = capsys.readouterr().out
-    assert f"skipped {path}: matplotlib is not installed" in out and not path.exists()
-    assert len(table_rows(out)) == 5
+                     f"--plot={path}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: --plot=") and "pip install -e .[plot]" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+    assert not table_rows(captured.out) and not path.exists()
