@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "nanospa"
-TOP_LEVEL = ("data", "train")                 # the repository's top-level modules
+TOP_LEVEL = ("data", "train", "sample")       # the repository's top-level modules
 SIGNAL = "nanospa.signal"
 SIGNAL_CLI = "nanospa.signal.__main__"        # the one module of signal/ that may reach outside
 SUGAR_OWNER = "nanospa.tensor"                # its operator sugar imports these inside methods
@@ -194,8 +194,9 @@ SIGNAL_COMMAND = ("__init__.py", "__main__.py", "table.py")   # signal/'s packag
 FOLDERS = {"nanospa/": "nanospa/*.py", "nanospa/signal/": "nanospa/signal/*.py",
            "nanospa/signal/beyond/": "nanospa/signal/beyond/*.py", "nanospa/beyond/": "nanospa/beyond/*.py",
            "nanospa/run/": "nanospa/run/*.py", "nanospa/bench/": "nanospa/bench/*.py",
-           "nanospa/experiments/": "nanospa/experiments/*.py", "train.py, data.py": "[td][ra][at]*.py"}
-INFRASTRUCTURE = ("nanospa.run", "nanospa.bench", "nanospa.experiments", "train")
+           "nanospa/experiments/": "nanospa/experiments/*.py", "nanospa/plot/": "nanospa/plot/*.py",
+           "train.py, data.py": "train.py data.py", "sample.py": "sample.py"}
+INFRASTRUCTURE = ("nanospa.run", "nanospa.bench", "nanospa.experiments", "nanospa.plot", "train", "sample")
 
 
 def count(path):
@@ -225,8 +226,8 @@ def readme_table(title_row):
 
 def folder_sizes():
     out = {}
-    for name, pattern in FOLDERS.items():
-        files = sorted(ROOT.glob(pattern)) if name != "train.py, data.py" else [ROOT / "train.py", ROOT / "data.py"]
+    for name, patterns in FOLDERS.items():
+        files = sorted({p for pattern in patterns.split() for p in ROOT.glob(pattern)})
         out[name] = (len(files), sum(count(p) for p in files))
     return out
 

@@ -85,7 +85,7 @@ def skip_reason(cmd):
         return "needs the mpi extra"
     if ("--preset=gpu" in cmd or "--device=cuda" in cmd) and not backend.cuda_available():
         return "needs a GPU with CuPy"
-    if "--plot=" in cmd and not has("matplotlib"):
+    if ("--plot=" in cmd or "nanospa.plot" in cmd) and not has("matplotlib"):
         return "needs matplotlib"
     if re.search(r"--data=(shakespeare|wikitext2|wikitext103)(\s|$)", cmd):
         return "downloads its data"
@@ -171,7 +171,8 @@ def test_every_readme_command_runs_as_written(tmp_path, page):
             skipped.append((cmd, reason))
         elif not is_synopsis(cmd):
             runnable.append(cmd)
-    training = [c for c in runnable if " train.py" in f" {c}" or " sample.py" in f" {c}"]   # sample.py needs a run
+    training = [c for c in runnable                      # sample.py and nanospa.plot need a run
+                if any(word in f" {c}" for word in (" train.py", " sample.py", " -m nanospa.plot"))]
     signal_cmds = [c for c in runnable if "nanospa.signal" in c]
     others = [c for c in runnable if c not in training + signal_cmds]
     assert runnable or skipped or page != "README.md"
