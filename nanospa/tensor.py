@@ -23,8 +23,10 @@ What happens in ``loss.backward()``:
      input, ``unbroadcast`` (the only place that undoes broadcasting) sums it back to the
      input's shape, and gradients of a tensor used more than once are added;
   3. leaves (parameters) accumulate into ``.grad``; each visited Function drops its saved
-     arrays and parents (and its output Tensor, if still alive, forgets it), so the graph
-     is freed as soon as it is used.
+     arrays and parents, so the graph is freed as soon as it is used. A gradient that
+     reaches a freed node (a second ``loss.backward()``, or a second loss that shares the
+     first one's forward) is an error, never a silently partial gradient: sum the losses
+     and call backward once.
 
 Operator sugar (``+ - * / ** @``, indexing, ``.sum()``, ``.relu()`` ...) is written out
 below in terms of the Functions, one line each: no registration by reflection. It imports
@@ -32,7 +34,6 @@ functions.py and shape_ops.py at the bottom of this file, the one import cycle o
 engine (they need Function and Tensor from here); the fused ops have no sugar.
 """
 import contextlib
-import weakref
 
 import numpy as np
 
@@ -100,7 +101,6 @@ class Function:
             ctx.parents = tuple(t._ctx if t._ctx is not None else (t if t.requires_grad else None)
                                 for t in tensors)
             ctx.shapes = tuple(a.shape for a in arrays)
-            ctx.output = weakref.ref(result)
             result._ctx = ctx
         return result
 
@@ -178,6 +178,8 @@ class Tensor:
                 raise ValueError(f"backward: gradient shape {tuple(grad.shape)} does not match "
                                  f"output shape {self.shape}")
         root = self._ctx if self._ctx is not None else self
+        if root is not self and root.parents is None:
+            raise RuntimeError(FREED)
         grads = {id(root): grad}
         owned = set()  # keys whose gradient is a sum this loop allocated: safe to add into in place
         for node in reversed(_topological_order(root)):
@@ -190,11 +192,10 @@ class Tensor:
                     node.grad = g if node.grad is None else node.grad + g
                 continue
             parents = node.parents
-            if parents is None:  # already used by an earlier backward through a shared graph
-                continue
-            out = node.output()
-            if out is not None:
-                out._ctx = None
+            if parents is None:  # freed by an earlier backward
+                if g is None:
+                    continue
+                raise RuntimeError(FREED)
             parent_grads = node.backward(g) if g is not None else ()
             node.parents = node.saved = None  # free the graph as we go
             if not isinstance(parent_grads, tuple):
@@ -250,6 +251,11 @@ class Tensor:
 
 
 _GELU = {"tanh": "gelu", "none": "gelu_exact"}   # Tensor.gelu(approximate): PyTorch's spelling
+
+
+FREED = ("backward reached a part of the graph that an earlier backward freed (a second backward "
+         "from the same loss, or two losses sharing one forward): add the losses and call "
+         "backward once, e.g. (loss + aux).backward()")
 
 
 def _shape_arg(args):

@@ -51,7 +51,50 @@ def test_graph_is_freed_after_backward():
     y = (x * 2.0).exp()
     z = y.sum()
     z.backward()
-    assert z._ctx is None and y._ctx is None
+    assert z._ctx.parents is None and z._ctx.saved is None      # the Sum node: no arrays left
+    assert y._ctx.parents is None and y._ctx.saved is None      # the Exp node
+
+
+def test_backward_through_a_freed_graph_is_an_error_like_pytorchs():
+    """The second backward of a loss, or a second loss sharing the first one's forward, would
+    reach nodes whose saved arrays are gone: an error naming the remedy, as in PyTorch
+    ("Trying to backward through the graph a second time"), never a partial gradient."""
+    x = tensor64(normal(5))
+    h = (x * 1.5).tanh()
+    loss, aux = (h * h).sum(), h.exp().mean()
+    loss.backward()
+    with pytest.raises(RuntimeError, match=r"add the losses and call backward once"):
+        aux.backward()
+    with pytest.raises(RuntimeError, match=r"earlier backward freed"):
+        loss.backward()
+    # the remedy gives the gradient of the sum
+    x2 = tensor64(x.data)
+    h2 = (x2 * 1.5).tanh()
+    ((h2 * h2).sum() + h2.exp().mean()).backward()
+    t = np.tanh(1.5 * x.data)
+    expected = 1.5 * (1 - t ** 2) * (2 * t + np.exp(t) / 5)
+    np.testing.assert_allclose(x2.grad, expected, rtol=1e-13)
+    # branches that reach no freed node still back-propagate: a fresh loss on the same leaf
+    x.grad = None
+    (x * 2.0).sum().backward()
+    np.testing.assert_allclose(x.grad, 2.0)
+
+
+def test_freed_graph_errors_match_pytorch():
+    torch = pytest.importorskip("torch")
+    for second in ("same loss", "shared forward"):
+        w = torch.tensor([0.3, -0.2], dtype=torch.float64, requires_grad=True)
+        h = (w * 2.0).tanh()
+        loss, aux = (h * h).sum(), h.exp().mean()
+        loss.backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            (loss if second == "same loss" else aux).backward()
+        x = tensor64([0.3, -0.2])
+        h = (x * 2.0).tanh()
+        loss, aux = (h * h).sum(), h.exp().mean()
+        loss.backward()
+        with pytest.raises(RuntimeError, match="earlier backward freed"):
+            (loss if second == "same loss" else aux).backward()
 
 
 def test_no_grad_records_nothing():
@@ -138,3 +181,14 @@ def test_sharded_backward_is_deterministic_in_float32(two_threads):
         grads.append([p.grad.copy() for p in model.parameters()])
     for other in grads[1:]:  # slices are added in a fixed order, whatever the thread timing
         assert all(np.array_equal(a, b) for a, b in zip(grads[0], other))
+
+
+def test_two_losses_sharing_a_model_forward():
+    """The reported case: the logits' auxiliary loss after the cross-entropy's backward."""
+    model = GPT(tiny_config(dtype="float64"))
+    x = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 8))
+    logits, loss = model(x, x)
+    aux = (logits ** 2).mean()
+    loss.backward()
+    with pytest.raises(RuntimeError, match="add the losses and call backward once"):
+        aux.backward()
