@@ -288,7 +288,7 @@ class GPT(Module):
         return x
 
     def forward(self, idx, targets=None, record=None):
-        idx = _as_index(idx)
+        idx = _as_index(idx, "idx", self.config.vocab_size)
         x = self.embed(idx)
         if record is not None:
             record.hidden.append(backend.to_numpy(x.data))
@@ -303,7 +303,11 @@ class GPT(Module):
         if self.ln_f is not None:
             x = self.ln_f(x)
         logits = self.head(x)                               # (B, T, V)
-        loss = None if targets is None else fused.cross_entropy(logits, _as_index(targets))
+        if targets is not None:
+            targets = _as_index(targets, "targets", self.config.vocab_size)
+            if targets.shape != idx.shape:
+                raise ValueError(f"targets of shape {tuple(targets.shape)} should match idx's {tuple(idx.shape)}")
+        loss = None if targets is None else fused.cross_entropy(logits, targets)
         return logits, loss
 
     def trace(self, idx):
@@ -319,6 +323,12 @@ class GPT(Module):
         """Sample ``max_new_tokens`` continuations of idx (B, T) with the last block_size tokens
         as context, in evaluation mode (the mode before is restored). Returns a host int64
         array (B, T + max_new_tokens)."""
+        if not (isinstance(max_new_tokens, (int, np.integer)) and max_new_tokens >= 0):
+            raise ValueError(f"generate: max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"generate: temperature must be finite and >= 0, got {temperature!r}")
+        if top_k is not None and not (isinstance(top_k, (int, np.integer)) and top_k >= 1):
+            raise ValueError(f"generate: top_k must be None or an integer >= 1, got {top_k!r}")
         rng = rng if rng is not None else np.random.default_rng(0)
         out = np.asarray(backend.to_numpy(idx), dtype=np.int64)
         with no_grad(), self.evaluating():                  # BatchNorm, PRepBN: running statistics
@@ -350,10 +360,20 @@ class GPT(Module):
         walk(self)
 
 
-def _as_index(idx):
+def _as_index(idx, name, vocab_size):
+    """idx as a (B, T) integer array of the model's device, every id in [0, vocab_size): a
+    padding id such as -1 would otherwise be read as the last token (nanospa has no ignore
+    index), and an empty batch would give a loss of 0."""
     idx = idx.data if isinstance(idx, Tensor) else idx
     if not backend.is_device_array(idx):
         idx = np.asarray(idx)
     if idx.dtype.kind not in "iu":
-        raise ValueError(f"token indices must be integers, got dtype {idx.dtype}")
+        raise ValueError(f"{name}: token ids must be integers, got dtype {idx.dtype}")
+    if idx.ndim != 2 or 0 in idx.shape:
+        raise ValueError(f"{name}: expected a (batch, time) array of token ids with both sizes at least 1, "
+                         f"got shape {tuple(idx.shape)}" + (" (add a batch axis: idx[None])" if idx.ndim == 1 else ""))
+    low, high = int(idx.min()), int(idx.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"{name}: token ids must lie in [0, vocab_size={vocab_size}), got {low}..{high}"
+                         + (" (nanospa has no padding id: crop or mask the batch instead)" if low < 0 else ""))
     return backend.asarray(idx)

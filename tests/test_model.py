@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from nanospa import GPT, GPTConfig, config, signal
+from conftest import tiny_config
 from nanospa.gradcheck import check_directions
 from nanospa.model import ShapedActivation
 from nanospa.tensor import Tensor
@@ -296,3 +297,44 @@ def test_the_model_at_init_is_what_signal_says_each_attention_is(attention, zero
         for h in range(cfg.n_head):
             np.testing.assert_allclose(tr.attention[l - 1][:, h], np.broadcast_to(A, tr.attention[l - 1][:, h].shape),
                                        rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", ["idx", "targets"])
+@pytest.mark.parametrize("bad, message", [
+    (-1, r"\[0, vocab_size=13\), got -1\.\.\d+ \(nanospa has no padding id"),
+    (13, r"\[0, vocab_size=13\), got 0\.\.13"),
+])
+def test_ids_outside_the_vocabulary_are_refused_naming_the_argument(name, bad, message):
+    """-1 (the usual padding id) would be read as the last token by the embedding's indexing
+    and as the last class by the cross-entropy: refused, never silently misread."""
+    model = GPT(tiny_config())
+    x = np.random.default_rng(0).integers(0, 13, (2, 8))
+    y = x.copy()
+    (x if name == "idx" else y)[1, 3] = bad
+    with pytest.raises(ValueError, match=rf"^{name}: token ids must lie in " + message):
+        model(x, y)
+
+
+def test_shapes_of_idx_and_targets_are_checked():
+    model = GPT(tiny_config())
+    x = np.zeros((2, 8), dtype=np.int64)
+    with pytest.raises(ValueError, match=r"^idx: expected a \(batch, time\).*shape \(8,\) \(add a batch axis"):
+        model(x[0])
+    with pytest.raises(ValueError, match=r"^idx: .*shape \(0, 8\)"):
+        model(x[:0], x[:0])                                 # an empty batch, not a loss of 0
+    with pytest.raises(ValueError, match=r"^targets of shape \(2, 7\) should match idx's \(2, 8\)"):
+        model(x, x[:, :7])
+    with pytest.raises(ValueError, match=r"^targets: token ids must be integers"):
+        model(x, x.astype(np.float32))
+
+
+def test_generate_checks_its_settings():
+    model = GPT(tiny_config())
+    x = np.zeros((1, 2), dtype=np.int64)
+    for kw, name in [(dict(max_new_tokens=-1), "max_new_tokens"), (dict(max_new_tokens=2.5), "max_new_tokens"),
+                     (dict(max_new_tokens=1, temperature=float("nan")), "temperature"),
+                     (dict(max_new_tokens=1, temperature=-1.0), "temperature"),
+                     (dict(max_new_tokens=1, top_k=0), "top_k")]:
+        with pytest.raises(ValueError, match=f"^generate: {name}"):
+            model.generate(x, **kw)
+    assert model.generate(x, max_new_tokens=3, top_k=1).shape == (1, 5)
