@@ -43,6 +43,7 @@ from nanospa.measure import layer_stats, measured_kernels, show
 from nanospa.model import GPT
 from nanospa.optim import cosine_lr
 from nanospa.run import distributed, threads
+from nanospa.run.rundir import Abandoned
 from nanospa.run.session import Diverged, Session, settings_of
 from nanospa.run.settings import EXIT_SIGNAL_BASE, SettingsError, help_text, run_command, source_notes, wants_help
 from nanospa.run.step import train_step
@@ -102,6 +103,7 @@ DEFAULTS = {**TRAIN_DEFAULTS, **OPTIMIZER_DEFAULTS, **{f.name: f.default for f i
                                  if f.name in MODEL_KEYS and f.name not in TRAIN_DEFAULTS}}
 EVAL_SEED = 1234       # the fixed evaluation batches do not depend on --seed, so runs compare
 PROBE_ROWS = 4         # sequences of the fixed batch on which the signal statistics are measured
+SIGNAL_POSITIONS = 256 # ... on their first positions: cos[l], q[l] over a (256, 256) kernel, whatever T
 CHECKS = [  # settings GPTConfig does not check itself: (keys, test, what a good value is)
     (("batch_size", "block_size", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval", "grad_accum"),
      lambda v: v > 0, "a positive integer"),
@@ -172,7 +174,10 @@ def train(argv):
         eval_rng = np.random.default_rng(EVAL_SEED)
         eval_sets = {split: [get_batch(tokens, B * A, T, eval_rng) for _ in range(s["eval_iters"])]
                      for split, tokens in (("train", ds.train), ("val", ds.val))}   # each a step's batch
-        probe = eval_sets["val"][0][0][:PROBE_ROWS]   # (b, T) fixed batch for the signal statistics
+        # The signal statistics: on the first SIGNAL_POSITIONS positions of a fixed batch. The model is
+        # causal, so these are exactly the positions' values in the whole sequence, at O(256^2) memory
+        # where the (T, T) kernels of every layer would cost more than the training step at long T.
+        probe = eval_sets["val"][0][0][:PROBE_ROWS, :SIGNAL_POSITIONS]
 
         # -- model and init summary
         cfg = GPTConfig(vocab_size=ds.vocab_size, **{k: s[k] for k in MODEL_KEYS})   # the tokenizer's size
@@ -199,18 +204,38 @@ def train(argv):
             return cosine_lr(it, s["learning_rate"], s["warmup_iters"], s["lr_decay_iters"], s["min_lr"])
 
         # -- estimate_loss on the fixed batches, plus the per-layer signal statistics (method §13)
-        def estimate_loss():                          # in evaluation mode (BatchNorm: running statistics)
-            with no_grad(), model.evaluating():     # by micro-batches of B: the memory of a step
-                loss = {split: world.mean(np.mean([model(world.shard(x[i:i + B]), world.shard(y[i:i + B]))[1].item()
-                                                   for x, y in batches for i in range(0, B * A, B)]))
-                        for split, batches in eval_sets.items()}
-                kernels = measured_kernels(model, probe)["hidden"]  # L+1 batch-mean kernels (T, T)
-            return dict(ds.per_byte(val_loss=loss["val"], eval_train_loss=loss["train"]), **layer_stats(kernels))
+        def mean_loss(batches):                       # by micro-batches of B: the memory of a step
+            losses = []
+            try:                                      # None when a signal comes first: the loop saves
+                with no_grad(), run.abandoning():     # and stops (one process: at once; under MPI:
+                    for x, y in batches:              # after the micro-batch)
+                        for i in range(0, B * A, B):
+                            if run.stop_signal():
+                                return None
+                            losses.append(model(world.shard(x[i:i + B]), world.shard(y[i:i + B]))[1].item())
+            except Abandoned:
+                return None
+            return world.mean(np.mean(losses))
 
-        if evaluate_now:                              # at init (or the checkpoint, with eval_only)
-            ev, label = estimate_loss(), "init" if start == 0 else f"iter {start}"
-            print(f"{label}: {ds.loss_text(ev)}\n{label}: measured  {show(ev)}")
-            if start == 0:
+        def estimate_loss():                          # None when a signal came first
+            with model.evaluating():                  # BatchNorm: running statistics
+                loss = {split: mean_loss(batches) for split, batches in eval_sets.items()}
+                if None in loss.values():
+                    return None
+                with no_grad():
+                    kernels = measured_kernels(model, probe)["hidden"]  # L+1 batch-mean kernels
+            return dict(ds.per_byte(val_loss=loss["val"], eval_train_loss=loss["train"]), **layer_stats(kernels),
+                        signal_positions=probe.shape[1])
+
+        ev = estimate_loss() if evaluate_now else None   # at init, the checkpoint's (eval_only), or one cut short
+        if ev is not None:
+            label, window = "init" if start == 0 else f"iter {start}", probe.shape[1]
+            print(f"{label}: {ds.loss_text(ev)}\n{label}: measured  {show(ev)}"
+                  + (f" (first {window} positions)" if window < T else ""))
+            if run.pending and not s["eval_only"]:     # the evaluation a signal cut short, completed
+                run.best_val = min(run.best_val, ev["val_loss"])
+                run.log(dict(run.pending, **ev))
+            elif start == 0:
                 predicted = layer_stats(predicted_kernels(cfg, model.plan, backend.to_numpy(probe)))
                 print(f"{label}: predicted {show(predicted)} (wide limit, same tokens)")
                 ev.update(pred_cos=predicted["cos"], pred_q=predicted["q"])
@@ -228,19 +253,29 @@ def train(argv):
                   dynamic_ncols=True, disable=not world.is_main) as bar:
             for it in bar:
                 lr = optimizer.lr = get_lr(it)
+                drawn = rng.bit_generator.state       # a step a signal abandons is drawn again on resume
                 x, y = get_batch(ds.train, B * A, T, rng)  # (B A, T) int64 each: A micro-batches of B
-                loss, norm = train_step(model, optimizer, x, y, s["grad_clip"], accum=A, world=world)
-                if not (math.isfinite(loss) and math.isfinite(norm)):
-                    raise Diverged(f"non-finite loss or gradient at iter {it + 1} (loss {loss}, gradient "
-                                   f"norm {norm}); stopped. Last good checkpoint: {run.last_good()}")
+                try:
+                    loss, norm = train_step(model, optimizer, x, y, s["grad_clip"], accum=A, world=world,
+                                            gradients=run.abandoning())   # a signal there: abandoned
+                except Abandoned:                     # only .grad had changed: save the state before it
+                    rng.bit_generator.state = drawn
+                    optimizer.zero_grad()
+                    run.save(n, None)
+                    break
+                run.watch(it + 1, loss, norm)         # Diverged: non-finite, or exploded
                 n, tokens = it + 1, tokens + B * A * T
                 tokens_per_s = tokens / (time.perf_counter() - t0)
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:.0f}", refresh=False)
                 evaluating = n % s["eval_interval"] == 0 or n == s["max_iters"]
                 if evaluating or n % s["log_interval"] == 0:
                     record = dict(iter=n, **ds.per_byte(train_loss=loss), lr=lr, tokens_per_s=tokens_per_s)
-                    if evaluating:
-                        record.update(estimate_loss())
+                    ev = estimate_loss() if evaluating else None
+                    if evaluating and ev is None:     # a signal came: the resumed run completes it
+                        run.save(n, loss, pending=record)
+                        break
+                    if ev is not None:
+                        record.update(ev)
                         if not math.isfinite(record["val_loss"]):
                             raise Diverged(f"non-finite validation loss at iter {n}; stopped. Last good "
                                            f"checkpoint: {run.last_good()}")
@@ -250,7 +285,8 @@ def train(argv):
                     tokens, t0 = 0, time.perf_counter()   # evaluation time is not training time
                 stop = run.stop_signal()
                 if n % s["checkpoint_interval"] == 0 or n == s["max_iters"] or stop:
-                    run.save(n, loss)                 # the state after the update, checked finite
+                    run.save(n, loss, mean_loss([(x, y)]))   # the state after the update, if good
+                    stop = stop or run.stop_signal()  # (or one that came during the save)
                 if stop:
                     break
         stop = run.signum                             # also one that came during the last save
@@ -264,6 +300,7 @@ def train(argv):
               + f"; checkpoint {run.last_good()}, log {run.files.log_path}")
 
         # -- sample
+        run.stop.disarm("while sampling: stopped; the run is saved")   # a signal now stops at once
         if s["sample_tokens"] and world.is_main:
             prompt = ds.encode(s["start"])[None, :]   # (1, t)
             out = model.generate(prompt, s["sample_tokens"], temperature=s["temperature"],

@@ -65,3 +65,23 @@ def test_measured_kernels_are_batch_means_of_the_trace():
     for a, b in zip(measured_model_kernels(cfg, idx, seed=0), meas["hidden"]):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(measured_model_kernels(cfg, idx, seed=1)[2], meas["hidden"][2])
+
+
+@pytest.mark.parametrize("kw", [dict(attention="espa"), dict(attention="uspa"), dict(attention="value_skipinit"),
+                                dict(attention="softmax", residual="standard", norm="layernorm", pos="learned")])
+def test_the_first_positions_statistics_are_those_of_the_whole_sequence(kw):
+    """train.py measures and predicts cos[l], q[l] on the first SIGNAL_POSITIONS positions only
+    (O(W^2) memory where the whole (T, T) kernels cost more than the step at long T). The
+    model is causal, so the kernels of the first W positions are the top-left block of the
+    whole sequence's, measured and predicted alike (the plan is the whole T's)."""
+    from nanospa.signal.table import predicted_kernels
+    cfg = GPTConfig(vocab_size=64, block_size=32, n_layer=3, n_head=2, n_embd=16, dtype="float64", **kw)
+    model = GPT(cfg)
+    idx = np.random.default_rng(0).integers(0, 64, (3, 32))
+    whole, window = measured_kernels(model, idx)["hidden"], measured_kernels(model, idx[:, :8])["hidden"]
+    for S, W in zip(whole, window):
+        np.testing.assert_allclose(W, S[:8, :8], rtol=1e-12, atol=1e-14)
+    if kw["attention"] != "softmax":            # softmax with random queries: a Monte Carlo estimate
+        whole, window = predicted_kernels(cfg, model.plan, idx), predicted_kernels(cfg, model.plan, idx[:, :8])
+        for S, W in zip(whole, window):
+            np.testing.assert_allclose(W, S[:8, :8], rtol=1e-12, atol=1e-14)

@@ -192,3 +192,34 @@ def test_two_losses_sharing_a_model_forward():
     loss.backward()
     with pytest.raises(RuntimeError, match="add the losses and call backward once"):
         aux.backward()
+
+
+WAITING = """
+import signal, sys, threading, time
+from nanospa.run import threads
+threads.set_threads(2)
+def stop(signum, frame):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGINT, stop)
+threading.Timer(0.5, lambda: signal.raise_signal(signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    threads.parallel_map(lambda s: time.sleep(s), [60, 60, 60, 60])   # slices that take a minute
+except KeyboardInterrupt:
+    print(f"left after {time.monotonic() - started:.1f} s")
+    sys.exit(130)
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal_module := __import__("signal"), "raise_signal"), reason="needs raise_signal")
+def test_a_signal_leaves_the_worker_threads_at_once_and_the_process_exits():
+    """The caller waits interruptibly; the slices not started are dropped, and the busy daemon
+    workers do not hold up the exit (a pool of non-daemon threads kept this process for a
+    minute)."""
+    import subprocess
+    import time
+    started = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", WAITING], capture_output=True, text=True, timeout=300,
+                       cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert p.returncode == 130 and p.stdout.startswith("left after"), p.stderr
+    assert time.monotonic() - started < 30

@@ -378,3 +378,51 @@ def test_readme_command_on_the_default_corpus(tmp_path):
     log = read_log(tmp_path / "out")
     assert [r["iter"] for r in log] == [0, 2] and "val_loss" in log[-1]
     assert (tmp_path / "out" / "ckpt.npz").is_file()
+
+
+def test_signal_statistics_on_the_first_positions_at_long_context(tmp_path, text_file, capsys, monkeypatch):
+    """Above SIGNAL_POSITIONS (here 8, with T = 16), cos[l] and q[l] come from the first 8
+    positions; the log says how many, and the init line says so."""
+    monkeypatch.setattr(train, "SIGNAL_POSITIONS", 8)
+    assert run(tmp_path, text_file, "--max_iters=3", "--eval_interval=3") == 0
+    assert "(first 8 positions)" in capsys.readouterr().out
+    evals = [r for r in read_log(tmp_path / "out") if "cos" in r]
+    assert [r["iter"] for r in evals] == [0, 3] and all(r["signal_positions"] == 8 for r in evals)
+    assert all(len(r["cos"]) == 3 and len(r["pred_cos"]) == 3 for r in evals[:1])
+
+
+MEMORY = """
+import os, resource, sys
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
+sys.path.insert(0, {root!r})
+import numpy as np
+if sys.argv[1] == "train":
+    import train
+    assert train.main(sys.argv[2:]) == 0
+else:                                    # one training step of the same model on the same data
+    from data import get_batch, load_dataset
+    from nanospa import GPT, GPTConfig
+    from nanospa.optim import AdamW
+    from nanospa.run.step import train_step
+    ds = load_dataset("default")
+    model = GPT(GPTConfig(vocab_size=ds.vocab_size, n_layer=2, n_embd=32, n_head=2, block_size=4096))
+    x, y = get_batch(ds.train, 2, 4096, np.random.default_rng(0))
+    train_step(model, AdamW(model.parameters(), lr=1e-3), x, y, 1.0)
+print("peak", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_long_context_costs_what_the_step_costs(tmp_path):
+    """T = 4096: train.py's whole run (init and evaluation statistics included) peaks within
+    2x the memory of one training step in a process of its own; the (T, T) float64 kernels of
+    every layer made it 3 GB against 0.1 GB."""
+    def peak(*argv):
+        p = subprocess.run([sys.executable, "-c", MEMORY.format(root=str(Path(train.__file__).parent)), *argv],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, NANOSPA_CACHE=str(tmp_path / "cache")))
+        assert p.returncode == 0, p.stderr[-2000:]
+        return int(p.stdout.split("peak ")[-1])
+    step_kb = peak("step")
+    train_kb = peak("train", "--n_layer=2", "--n_embd=32", "--n_head=2", "--block_size=4096", "--batch_size=2",
+                    "--max_iters=1", "--eval_iters=2", "--sample_tokens=0", "--threads=1", f"--out_dir={tmp_path / 'o'}")
+    assert train_kb < 2 * step_kb, (train_kb, step_kb)

@@ -489,6 +489,57 @@ def test_twenty_kills_during_checkpoint_and_log_writes_all_resume_to_the_same_lo
     capfd.readouterr()
 
 
+def _evaluated(text_file, out):
+    """The val loss of out's checkpoint, by train.py --eval_only (which writes nothing)."""
+    import contextlib
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert train.main(args(text_file, out, "--init_from=resume", "--eval_only=True", "--eval_iters=4")) == 0
+    line = next(x for x in buf.getvalue().splitlines() if "val " in x and x.startswith(("iter ", "init:")))
+    return float(line.split("val ")[1].split()[0].rstrip(","))
+
+
+def test_an_exploding_loss_stops_the_run_and_the_named_checkpoint_is_good(tmp_path, text_file, capsys, monkeypatch):
+    """The 6th update multiplies every weight by 30: the loss stays finite but leaves any
+    trained model's range. The state after it scores far above 2 x the best loss on its batch,
+    so its checkpoint is not written; step 7's loss is above 3 ln(vocab), so the run stops
+    (exit 1) naming iter 5's checkpoint, which evaluates near the run's best."""
+    from nanospa import optim
+
+    class Explode(optim.AdamW):
+        def step(self):
+            super().step()
+            if self.t == 6:
+                for p in self.params:
+                    p.data[...] *= 30.0
+
+    monkeypatch.setattr(optim, "AdamW", Explode)
+    out = tmp_path / "out"
+    assert train.main(args(text_file, out, "--checkpoint_interval=1", "--eval_interval=100")) == 1
+    captured = capsys.readouterr()
+    assert "note: the state after iter 6 scores" in captured.err and "not saved" in captured.err
+    line = [x for x in captured.err.splitlines() if x.startswith("error:")]
+    assert len(line) == 1 and "exploded at iter 7" in line[0] and f"{out / 'ckpt.npz'} (iter 5)" in line[0]
+    state = load_checkpoint(str(out / "ckpt.npz"))["state"]
+    assert state["iter"] == 5
+    monkeypatch.undo()
+    assert _evaluated(text_file, out) < 2 * state["best_train_loss"]
+
+
+def test_kfac_at_a_runaway_rate_stops_at_once_with_a_good_checkpoint(tmp_path, text_file, capsys):
+    """The reported run: K-FAC at learning rate 3 without its KL clip reached losses of 1e14 to
+    1e18 while overwriting its checkpoint every step; now it stops at the explosion, and the
+    checkpoint it names evaluates near the best loss the run saw."""
+    out = tmp_path / "out"
+    assert train.main(args(text_file, out, "--optimizer=kfac", "--learning_rate=3", "--min_lr=0", "--kfac_kl_clip=0",
+                           "--warmup_iters=0", "--checkpoint_interval=1", "--kfac_inv_interval=1",
+                           "--max_iters=300")) == 1
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert len(line) == 1 and "exploded" in line[0], line
+    best = float(line[0].split("(best ")[1].split(")")[0])      # the best training loss the run saw
+    assert _evaluated(text_file, out) < 2 * best
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_second_sigterm_during_the_save_stops_at_once_and_keeps_the_previous_checkpoint(tmp_path, text_file,
                                                                                          capfd):
@@ -538,3 +589,114 @@ def test_a_signal_before_anything_is_written_stops_at_once(tmp_path, text_file, 
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 143
     assert "SIGTERM before training started: stopped, nothing written" in capfd.readouterr().err
     assert not out.exists()                    # the lock's folder is gone too
+
+
+# ----------------------------------------------------------------------------- signals in every phase
+
+def _forked(argv, arm):
+    """train.main(argv) in a forked child after arm() -> its exit status (-N when killed by N)."""
+    pid = os.fork()
+    if pid == 0:
+        rc = 99
+        try:
+            arm()
+            rc = train.main(argv)
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(rc)
+    _, status = os.waitpid(pid, 0)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_signal_during_a_step_abandons_it_and_saves_the_state_before_it(tmp_path, text_file, capfd, threads):
+    """SIGTERM inside step 5's gradients (on a worker thread with --threads=2, whose slice then
+    sleeps 60 s): the step is dropped at once, the state after step 4 saved, the batch
+    generator wound back; the resumed run is the uninterrupted one, record for record."""
+    argv = lambda out: args(text_file, out, f"--threads={threads}")
+    assert train.main(argv(tmp_path / "whole")) == 0
+    out = tmp_path / "out"
+
+    def arm():
+        real, calls = step.sharded_backward, [0]
+
+        def sharded(loss_fn, *batch, **kw):
+            calls[0] += 1
+            if calls[0] != 5:
+                return real(loss_fn, *batch, **kw)
+            fired = []
+
+            def firing(*b):
+                if not fired:
+                    fired.append(os.kill(os.getpid(), T))
+                    time.sleep(60)                  # a slice that would hold the exit up for a minute
+                return loss_fn(*b)
+            return real(firing, *batch, **kw)
+        step.sharded_backward = sharded
+
+    started = time.monotonic()
+    assert _forked(argv(out), arm) == 143
+    assert time.monotonic() - started < 45                   # it did not wait for the sleeping slice
+    err = capfd.readouterr().err
+    assert "SIGTERM: step abandoned; saving the state before it" in err and "Traceback" not in err
+    assert load_checkpoint(str(out / "ckpt.npz"))["state"]["iter"] == 4
+    assert train.main(argv(out) + ["--init_from=resume"]) == 0
+    assert key(read_log(out)) == key(read_log(tmp_path / "whole"))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_signal_during_an_evaluation_leaves_it_and_the_resumed_run_completes_it(tmp_path, text_file, capfd):
+    """SIGTERM during the evaluation at iter 6 (its first batch): the rest is skipped, the state
+    after step 6 is saved with its record pending, and the resumed run evaluates and logs it
+    before its first step: the log is the uninterrupted run's, evaluations included."""
+    argv = args(text_file, tmp_path / "whole", "--eval_iters=3")
+    assert train.main(argv) == 0
+    out = tmp_path / "out"
+
+    def arm():
+        real, calls = train.GPT, [0]
+
+        def making(cfg, seed=0):
+            model = real(cfg, seed=seed)
+            forward = model.forward
+
+            def counted(idx, targets=None, record=None):
+                if not model.training and targets is not None:
+                    calls[0] += 1                    # 6 per evaluation: 3 batches of each split
+                    if calls[0] == 13:               # the first of iter 6's
+                        os.kill(os.getpid(), T)
+                return forward(idx, targets, record)
+            model.forward = counted
+            return model
+        train.GPT = making
+
+    assert _forked(args(text_file, out, "--eval_iters=3"), arm) == 143
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "stopped at iter 6" in err
+    state = load_checkpoint(str(out / "ckpt.npz"))["state"]
+    assert state["iter"] == 6 and state["pending_record"]["iter"] == 6
+    assert "val_loss" not in state["pending_record"] and max(r["iter"] for r in read_log(out)) == 5
+    assert train.main(args(text_file, out, "--eval_iters=3", "--init_from=resume")) == 0
+    assert key(read_log(out)) == key(read_log(tmp_path / "whole"))
+    assert load_checkpoint(str(out / "ckpt.npz"))["state"]["pending_record"] is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_signal_while_sampling_stops_at_once(tmp_path, text_file, capfd):
+    out = tmp_path / "out"
+
+    def arm():
+        real = train.GPT.generate
+
+        def generating(self, *a, **kw):
+            os.kill(os.getpid(), T)
+            time.sleep(60)                          # what a long sample would take
+            return real(self, *a, **kw)
+        train.GPT.generate = generating
+
+    started = time.monotonic()
+    assert _forked(args(text_file, out, "--sample_tokens=10"), arm) == 143
+    assert time.monotonic() - started < 45
+    assert "SIGTERM while sampling: stopped; the run is saved" in capfd.readouterr().err
+    assert load_checkpoint(str(out / "ckpt.npz"))["state"]["iter"] == MAX

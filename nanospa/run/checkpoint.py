@@ -5,7 +5,7 @@
     check_same_model(settings, saved, keys)   the model may not change on resume
     data_identity(meta, spec)  -> what a checkpoint records of its corpus and tokenizer
     check_same_data(path, saved, current, allow)   resuming on another corpus is refused
-    training_state(iteration, best_val_loss, rng, data=None, train_loss=None)   -> `state`
+    training_state(iteration, best_val_loss, rng, data=None, train_loss=None, best_train_loss=inf) -> `state`
     restore(ckpt, optimizer, rng, model=None, path=None)   -> (iteration, best_val_loss)
     CheckpointError            missing, unreadable or incompatible (one-line message)
     NotFiniteError             save_checkpoint refused a non-finite state (a divergence)
@@ -18,7 +18,9 @@ The file (np.savez, no pickled objects, docs/style.md §5):
     config        GPTConfig.to_dict(), JSON
     state         JSON: iter (optimiser steps done), best_val_loss (null before an
                   evaluation), rng (bit-generator state of the training batches' Generator),
-                  data_position (null: batches are random windows, there is no position)
+                  data_position (null: batches are random windows, there is no position),
+                  train_loss (the saved state's loss on its step's batch), best_train_loss
+                  (the lowest training loss so far: what "good" is measured against), data
 
 An exact resume needs exactly these: the weights, AdamW's moments and step count, and the
 batch generator's state, so that the resumed run draws the batches the uninterrupted one
@@ -153,11 +155,12 @@ def check_same_data(path, saved, current, allow=False):
                           "(its best validation loss then starts afresh)")
 
 
-def training_state(iteration, best_val_loss, rng, data=None, train_loss=None):
-    """The `state` entry after `iteration` steps; best_val_loss inf (no evaluation yet) -> None."""
+def training_state(iteration, best_val_loss, rng, data=None, train_loss=None, best_train_loss=math.inf):
+    """The `state` entry after `iteration` steps; a best loss of inf (none seen yet) -> None."""
     return dict(iter=iteration, best_val_loss=best_val_loss if best_val_loss < math.inf else None,
                 rng=rng.bit_generator.state, data_position=None,  # random windows: no position
-                train_loss=train_loss, data=data)
+                train_loss=train_loss, data=data,
+                best_train_loss=best_train_loss if best_train_loss < math.inf else None)
 
 
 def restore(ckpt, optimizer, rng, model=None, path="the checkpoint"):

@@ -13,7 +13,7 @@ signals that end the run.
     RunFiles(out_dir)           ckpt.npz and log.jsonl of a run: save(n, write), log(record),
                                 last_good(); a failed write (a full disk) is a RunDirError that
                                 says what stopped and that the last checkpoint is intact
-    Interrupts, StopNow         SIGINT / SIGTERM: save and stop; a second one stops at once
+    Interrupts, StopNow, Abandoned   SIGINT / SIGTERM: save and stop; a second one stops at once
     RunDirError                 one-line message naming the file (exit status 2)
 
 The lock is the file out_dir/run.lock, held with flock(2) while the run lasts and removed at
@@ -33,6 +33,7 @@ before the last one is not guessed at: RunDirError names the line.
 
 Not here: the checkpoint file (nanospa/run/checkpoint.py); when to log and save (train.py).
 """
+import contextlib
 import datetime
 import json
 import math
@@ -239,14 +240,24 @@ class StopNow(KeyboardInterrupt):
         self.signum = signum
 
 
+class Abandoned(KeyboardInterrupt):
+    """The first SIGINT or SIGTERM inside Interrupts.abandoning(): the work in progress (a
+    step's gradients, which change no state) is dropped at once; the caller saves and stops."""
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 class Interrupts:
     """SIGINT and SIGTERM (what timeout, container stops and schedulers send) during a run.
     Before arm(), while nothing is written, one stops at once (StopNow); after it, the first
-    asks the loop to save a checkpoint after the current step and stop, and a second one
-    stops at once. Installed from the main thread only."""
+    asks the loop to save a checkpoint after the current step (or to leave an evaluation) and
+    stop, and a second one stops at once; after disarm() (the run is saved and done: the
+    sample) one stops at once again. Installed from the main thread only."""
 
     def __init__(self):
-        self.signum, self.armed, self.previous = None, False, {}
+        self.signum, self.armed, self.previous, self.abandon = None, False, {}, False
+        self.why = "before training started: stopped, nothing written"
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -261,13 +272,30 @@ class Interrupts:
         """From now on the run has a state worth saving."""
         self.armed = True
 
+    def disarm(self, why):
+        """The state is saved: from now on a signal stops at once, saying `why`."""
+        self.armed, self.why = False, why
+
+    @contextlib.contextmanager
+    def abandoning(self):
+        """Inside, the first signal raises Abandoned at once instead of waiting for the step."""
+        self.abandon = True
+        try:
+            yield
+        finally:
+            self.abandon = False
+
     def handle(self, signum, frame):
         if not self.armed:
-            raise StopNow(signum, "before training started: stopped, nothing written")
+            raise StopNow(signum, self.why)
         if self.signum is not None:
             raise StopNow(signum)
         self.signum = signum
         name = signal.Signals(signum).name
+        if self.abandon:
+            print(f"\n{name}: step abandoned; saving the state before it, then stopping ({name} again stops "
+                  "at once)", file=sys.stderr, flush=True)
+            raise Abandoned(signum)
         print(f"\n{name}: saving a checkpoint after this step, then stopping ({name} again stops at once)",
               file=sys.stderr, flush=True)
 

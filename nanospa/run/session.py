@@ -10,10 +10,18 @@ processes and its signals, each behind one call, so that train.py shows the trai
         run.nothing_to_do       resume at max_iters (a line says so)
         run.begin(model, optimizer, rng, data)   -> (start, best_val, evaluate_now): restore
                                 a checkpoint, or replace a held run and write iter 0's; the
-                                log cut back to the checkpoint and opened for appending
+                                log cut back to the checkpoint and opened for appending;
+                                run.pending: the record of an evaluation a signal cut short,
+                                which the resumed run completes first (else None)
+        run.watch(n, loss, norm)   step n's loss and gradient norm: Diverged when non-finite
+                                or exploded (EXPLODED); the best training loss kept
         run.log(record)         a record of log.jsonl (rank 0 writes)
-        run.save(n, loss)       the checkpoint of the state after n steps (finite only)
+        run.save(n, loss, state_loss)   the checkpoint of the state after n steps, written only
+                                from a good state (GOOD: finite, and state_loss, its loss on step
+                                n's batch, within GOOD x the best training loss); else a note
         run.stop_signal()       SIGINT / SIGTERM received on any rank (a collective), or None
+        run.abandoning()        a context: in one process, a signal inside it raises
+                                rundir.Abandoned at once (under MPI, the step finishes first)
         run.signum              the signal this process received, or None
         run.last_good()         the checkpoint a message names
 
@@ -25,7 +33,7 @@ rundir.py and checkpoint.py; what a run does each step lives in train.py.
 import math
 import os
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 
 from . import distributed
 from .checkpoint import (NotFiniteError, check_same_data, check_same_model, data_identity, load_checkpoint,
@@ -33,6 +41,13 @@ from .checkpoint import (NotFiniteError, check_same_data, check_same_model, data
 from .rundir import Interrupts, RunFiles, RunLock, check_run_dir, heal_log, held_files
 from .settings import SettingsError, parse_settings
 
+# What "diverged" and "good" mean (docs/running.md, "When a run diverges"). A byte or BPE model
+# that guesses uniformly scores ln(vocab) nats per token; a loss above EXPLODED times that is
+# no training run any more, however it goes on. A checkpoint is written only from a state whose
+# loss on its step's batch is within GOOD times the best training loss the run has seen, so the
+# checkpoint a divergence message names is one from before the loss left its best.
+EXPLODED = 3.0
+GOOD = 2.0
 PER_RUN = ("out_dir", "init_from", "overwrite", "new_data", "eval_only", "preset")  # never from a checkpoint
 
 
@@ -105,7 +120,7 @@ class Session:
                 raise SettingsError(f"max_iters={s['max_iters']} is below the iteration of {self.files.ckpt} "
                                     f"({self.start}): a resumed run cannot go back; pass a larger --max_iters, "
                                     "or --eval_only=True")
-            if self.ckpt and s["max_iters"] == self.start:
+            if self.ckpt and s["max_iters"] == self.start and not self.ckpt["state"].get("pending_record"):
                 print(f"nothing to do: {self.files.ckpt} is at iter {self.start} = max_iters; pass --max_iters=N "
                       f"with N > {self.start} to train further")
                 self.nothing_to_do = True
@@ -125,10 +140,12 @@ class Session:
         the model before the first step: at init, and for eval_only)."""
         s, world, files = self.settings, self.world, self.files
         self.data = data_identity(ds.meta, s["data"])  # recorded in each checkpoint
-        best_val = math.inf
+        best_val, self.best_train, self.vocab_size = math.inf, math.inf, model.config.vocab_size
+        self.pending = self.ckpt["state"].get("pending_record") if self.ckpt else None
         if self.ckpt:
             new = check_same_data(files.ckpt, self.ckpt["state"].get("data"), self.data, s["new_data"])
             self.start, best_val = restore(self.ckpt, optimizer, rng, model, files.ckpt)
+            self.best_train = self.ckpt["state"].get("best_train_loss") or math.inf   # older checkpoints: none
             files.saved_iter = self.start
             if new:
                 best_val = math.inf
@@ -149,20 +166,44 @@ class Session:
         if not self.ckpt:
             self.save(0, None)                        # every run that started can be resumed
         files.open()
-        return self.start, best_val, self.start == 0 and kept == 0
+        return self.start, best_val, (self.start == 0 and kept == 0) or self.pending is not None
 
     # ---- the files ---------------------------------------------------------------------
     def log(self, record, sync=False):
         self.files.write(record, sync=sync)
 
-    def save(self, n, loss):
-        """The checkpoint of the state after n steps; only a finite one is written."""
+    def watch(self, n, loss, norm):
+        """Step n's training loss (of the state before its update) and gradient norm: Diverged
+        when either is non-finite or the loss is above EXPLODED ln(vocab); else the best kept."""
+        if not (math.isfinite(loss) and math.isfinite(norm)):
+            raise Diverged(f"non-finite loss or gradient at iter {n} (loss {loss}, gradient norm {norm}); "
+                           f"stopped. Last good checkpoint: {self.last_good()}")
+        limit = EXPLODED * math.log(self.vocab_size)
+        if loss > limit:
+            raise Diverged(f"the training loss exploded at iter {n}: {loss:.4g}, above {EXPLODED:g} ln(vocab) = "
+                           f"{limit:.4g} (best {self.best_train:.4g}); stopped. Last good checkpoint: {self.last_good()}")
+        self.best_train = min(self.best_train, loss)
+
+    def save(self, n, loss, state_loss=None, pending=None):
+        """The checkpoint of the state after n steps, written only from a finite state and, when
+        state_loss (its loss on step n's batch; None when a signal cut it short) is given, one
+        within GOOD x the best training
+        loss; else a note says which checkpoint stays (a non-finite state: Diverged, naming the
+        first non-finite array). `pending`: the log record of step n, whose evaluation a signal
+        cut short: stored, not logged; the resumed run evaluates and logs it. -> whether it was
+        written."""
+        if state_loss is not None and math.isfinite(state_loss) and state_loss > GOOD * self.best_train:
+            print(f"note: the state after iter {n} scores {state_loss:.4g} on its batch, above {GOOD:g} x the best "
+                  f"training loss ({self.best_train:.4g}): not saved; {self.last_good()} stays", file=sys.stderr)
+            return False
         try:
             self.files.save(n, lambda path: save_checkpoint(
                 path, self.model, self.optimizer, self.settings, self.model.config,
-                training_state(n, self.best_val, self.rng, self.data, loss)))
+                dict(training_state(n, self.best_val, self.rng, self.data, loss if state_loss is None else state_loss,
+                                    self.best_train), pending_record=pending)))
         except NotFiniteError as e:
             raise Diverged(f"{e}; stopped. Last good checkpoint: {self.last_good()}") from None
+        return True
 
     def last_good(self):
         return self.files.last_good()
@@ -173,6 +214,11 @@ class Session:
         if signum:
             self.stop.signum = signum
         return signum or None
+
+    def abandoning(self):
+        """Where a signal may drop the work at once (a step's gradients): one process only, as
+        the other ranks would wait for this one in their next collective."""
+        return self.stop.abandoning() if self.world.size == 1 else nullcontext()
 
     @property
     def signum(self):

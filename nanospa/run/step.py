@@ -1,6 +1,7 @@
 """One optimiser step, as train.py and the experiments take it.
 
-    train_step(model, optimizer, x, y, grad_clip, accum=1, world=None) -> (loss, grad_norm)
+    train_step(model, optimizer, x, y, grad_clip, accum=1, world=None, gradients=None)
+        -> (loss, grad_norm)
 
 On the batch (x, y) of N sequences (host arrays (N, T)), in order:
 
@@ -19,9 +20,13 @@ On the batch (x, y) of N sequences (host arrays (N, T)), in order:
        the gradient norm are finite: a caller that sees a non-finite value stops with the
        state it had.
 
+Step 1 changes no state but the parameters' .grad: it runs inside the context manager
+`gradients` when one is given (train.py's: a signal abandons the step there, at once).
+
 Not here: the batch (data.get_batch), the learning rate (the caller sets optimizer.lr), what
 a run does with a non-finite value (train.py: exit 1; the experiments: the run diverged).
 """
+import contextlib
 import math
 
 from ..optim import clip_grad_norm
@@ -31,15 +36,16 @@ from .threads import sharded_backward, slice_bounds
 SINGLE = World()     # one process: every collective is the identity
 
 
-def train_step(model, optimizer, x, y, grad_clip=0.0, accum=1, world=SINGLE):
+def train_step(model, optimizer, x, y, grad_clip=0.0, accum=1, world=SINGLE, gradients=None):
     n = len(x)
     if not isinstance(accum, int) or isinstance(accum, bool) or not 1 <= accum <= n:
         raise ValueError(f"accum must be an integer in [1, {n}] (the batch's sequences), got {accum!r}")
     loss = 0.0
     bounds = slice_bounds(n, accum)
-    for lo, hi in zip(bounds, bounds[1:]):                   # micro-batches, in order
-        xs, ys = world.shard(x[lo:hi]), world.shard(y[lo:hi])  # this rank's share of each
-        loss += sharded_backward(lambda a, b: model(a, b)[1], xs, ys, weight=(hi - lo) / n).item()
+    with gradients or contextlib.nullcontext():
+        for lo, hi in zip(bounds, bounds[1:]):                   # micro-batches, in order
+            xs, ys = world.shard(x[lo:hi]), world.shard(y[lo:hi])  # this rank's share of each
+            loss += sharded_backward(lambda a, b: model(a, b)[1], xs, ys, weight=(hi - lo) / n).item()
     update_curvature = getattr(optimizer, "update_curvature", None)
     if update_curvature is not None:                          # K-FAC: leaves .grad alone
         update_curvature(x, y, rank=world.rank, size=world.size, max_rows=max(1, n // accum // world.size))

@@ -24,7 +24,9 @@ from ..tensor import Tensor
 
 MAX_AUTO_THREADS = 4   # cpu_threads(0, ...): one per core, at most this many
 _threads = 1
-_pools = {}            # worker count -> ThreadPoolExecutor
+_pools = {}            # worker count -> _Workers
+if hasattr(os, "register_at_fork"):            # a forked child has none of its parent's threads
+    os.register_at_fork(after_in_child=_pools.clear)
 _worker = threading.local()
 
 
@@ -64,15 +66,56 @@ def _mark_worker():
 
 def parallel_map(fn, items, workers=None):
     """[fn(x) for x in items], on ``workers`` worker threads (default threads()) when there
-    are several; results in the order of items, exceptions re-raised here."""
+    are several; results in the order of items, exceptions re-raised here. The calling thread
+    waits interruptibly: a signal handler's exception (train.py's Abandoned) leaves at once,
+    the items not yet started are dropped, and the daemon workers never hold up the exit."""
     items = list(items)
     workers = _threads if workers is None else workers
     if workers == 1 or len(items) < 2 or in_worker():
         return [fn(x) for x in items]
     if workers not in _pools:
-        from concurrent.futures import ThreadPoolExecutor
-        _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="nanospa", initializer=_mark_worker)
-    return list(_pools[workers].map(fn, items))
+        _pools[workers] = _Workers(workers)
+    return _pools[workers].map(fn, items)
+
+
+class _Workers:
+    """n daemon threads taking (fn, item) jobs from one queue."""
+
+    def __init__(self, n):
+        import queue
+        self.jobs = queue.SimpleQueue()
+        for i in range(n):
+            threading.Thread(target=self._work, name=f"nanospa-{i}", daemon=True).start()
+
+    def _work(self):
+        _mark_worker()
+        while True:
+            fn, x, call = self.jobs.get()
+            if not call["dropped"]:
+                try:
+                    call["results"][x] = (True, fn(call["items"][x]))
+                except BaseException as e:          # noqa: BLE001 -- handed to the caller
+                    call["results"][x] = (False, e)
+            call["done"].release()
+
+    def map(self, fn, items):
+        call = dict(items=items, results={}, dropped=False, done=threading.Semaphore(0))
+        for i in range(len(items)):
+            self.jobs.put((fn, i, call))
+        try:
+            for _ in items:                          # woken every 0.1 s: Python runs a signal's
+                while not call["done"].acquire(timeout=0.1):   # handler here even when the OS
+                    pass                             # delivered the signal to a worker thread
+        except BaseException:
+            call["dropped"] = True
+            raise
+        out = []
+        for i in range(len(items)):
+            ok, value = call["results"][i]
+            if not ok:
+                raise value
+            out.append(value)
+        return out
 
 
 def slice_bounds(n, k):
