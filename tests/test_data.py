@@ -47,6 +47,29 @@ def test_path_file_split_and_memmap(tmp_path):
     assert pathlib.Path(ds.path).parent == pathlib.Path(os.environ["NANOSPA_CACHE"])
 
 
+def flip_bytes(path):
+    """Invert 16 bytes in the middle of a file, keeping its size and modification time."""
+    st, raw = path.stat(), bytearray(path.read_bytes())
+    mid = len(raw) // 2
+    raw[mid:mid + 16] = bytes(255 - b for b in raw[mid:mid + 16])
+    path.write_bytes(raw)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_a_same_size_damage_of_the_token_cache_is_named_and_rebuilt(tmp_path, capsys):
+    """Size and modification time stay, so only the recorded sha256 can tell."""
+    f = write(tmp_path / "t.txt", "Hello, world! Ünïcödé €.\n" * 40)
+    tokens = pathlib.Path(load_dataset(str(f)).path) / "tokens.bin"
+    fresh = tokens.read_bytes()
+    flip_bytes(tokens)
+    ds = load_dataset(str(f))
+    assert capsys.readouterr().err == (f"note: the cache file {tokens} is damaged (not the sha256 recorded "
+                                       "when it was built); rebuilding it\n")
+    assert bytes(ds.train) + bytes(ds.val) == fresh == f.read_bytes() == tokens.read_bytes()
+    load_dataset(str(f))
+    assert capsys.readouterr().err == ""                         # intact again: no note
+
+
 def test_bad_arguments(tmp_path):
     f = write(tmp_path / "t.txt", "text\n")
     for frac in (0, 1, -0.1, 1.5, "0.1"):

@@ -4,6 +4,8 @@ BPE trained on the training split only, cached beside the byte tokens and reused
 decoding, and losses per byte. Tests that train a BPE skip without Hugging Face
 `tokenizers` (pip install -e ".[bpe]"); the one on ../shared data skips without it."""
 import json
+import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -129,6 +131,40 @@ def test_bpe_dataset_decodes_exactly_and_is_cached(text_file, tmp_path, monkeypa
     assert again.vocab_size == ds.vocab_size and again.decode(again.val) == ds.decode(ds.val)
     with pytest.raises(AssertionError, match="retrained"):                # another split: another training
         data.load_dataset(str(text_file), cache_dir=cache, tokenizer="bpe:300", val_fraction=0.2)
+
+
+def damage(path, how):
+    """Cut the file in half, or invert 16 bytes in its middle keeping its size and modification time."""
+    st, raw = path.stat(), bytearray(path.read_bytes())
+    mid = len(raw) // 2
+    if how == "truncate":
+        path.write_bytes(raw[:mid])
+    else:
+        raw[mid:mid + 16] = bytes(255 - b for b in raw[mid:mid + 16])
+        path.write_bytes(raw)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("name, how", [("tokenizer.json", "truncate"), ("tokens.bin", "flip")])
+def test_a_damaged_bpe_cache_file_is_named_and_rebuilt(name, how, text_file, tmp_path, monkeypatch, capsys):
+    """A truncated tokenizer.json (it no longer loads), or BPE tokens changed in place: a note
+    names the file, the run goes on, and the entry is rebuilt as it was."""
+    pytest.importorskip("tokenizers")
+    monkeypatch.setenv("NANOSPA_CACHE", str(tmp_path / "cache"))
+    ds = data.load_dataset(str(text_file), tokenizer="bpe:300")
+    fresh = {split: np.array(getattr(ds, split)) for split in ("train", "val")}    # copies: not the memmap
+    path = pathlib.Path(ds.path) / "bpe-300" / name
+    good = path.read_bytes()
+    damage(path, how)
+    again = data.load_dataset(str(text_file), tokenizer="bpe:300")
+    assert capsys.readouterr().err == (f"note: the cache file {path} is damaged (not the sha256 recorded "
+                                       "when it was built); rebuilding it\n")
+    np.testing.assert_array_equal(again.train, fresh["train"])
+    np.testing.assert_array_equal(again.val, fresh["val"])
+    np.testing.assert_array_equal(again.encode(TEXT), ds.encode(TEXT))
+    assert again.codec.tok.to_str() == ds.codec.tok.to_str() and path.read_bytes() == good
+    data.load_dataset(str(text_file), tokenizer="bpe:300")
+    assert capsys.readouterr().err == ""                                  # intact again: no note
 
 
 def test_a_split_inside_a_character_moves_to_its_start(tmp_path):

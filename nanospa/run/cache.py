@@ -12,8 +12,10 @@ A cache entry is the folder <cache>/<source key>/ (see corpus.cache_root):
                   fixed splits, build time, and what the source adds
 
 It is rebuilt only when FORMAT_VERSION or the source's fingerprint changed (a source
-file's size or modification time or, for `default`, the Python version), or tokens.bin
-has the wrong size. Both files are written through corpus.atomic_write.
+file's size or modification time or, for `default`, the Python version), or tokens.bin is
+missing or damaged: every load checks it against the recorded sha256 (corpus.intact, which
+names a damaged file in a note), as a same-size change would keep size and modification
+time. Both files are written through corpus.atomic_write.
 
 Not here: where the text comes from (corpus.py), splits and batches (data.py), the BPE's
 own entry (tokenizer.py).
@@ -49,12 +51,11 @@ def entry(src, cache):
 
 
 def _read_meta(folder, src):
-    """meta.json of a complete, up-to-date cache entry, else None."""
+    """meta.json of a complete, up-to-date cache entry whose tokens.bin is intact, else None."""
     try:
         meta = json.loads((folder / META_FILE).read_text())
         ok = (meta.get("format") == FORMAT_VERSION and meta.get("fingerprint") == src.fingerprint
-              and (folder / TOKENS_FILE).stat().st_size
-              == meta["bytes"] * np.dtype(meta["dtype"]).itemsize)
+              and corpus.intact(folder / TOKENS_FILE, meta["sha256"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return meta if ok else None

@@ -6,7 +6,8 @@ fingerprint that makes the entry stale. The sources are the embedded default cor
 interpreter's own documentation), a text file or a folder of them, tiny Shakespeare, and
 WikiText-2 / -103 (local copies, or a download whose offline error says where to put the
 file). Also the cache folder (`cache_root`, env NANOSPA_CACHE), its downloads/ folder,
-`atomic_write` (how every file in the cache is written), and DataError.
+`atomic_write` (how every file in the cache is written), `intact` (how it is checked when
+read back), and DataError.
 
 What does not live here: tokens, the cache entry's tokens.bin and meta.json, splits and
 batches. Those are data.py, which calls `cache_root` and `resolve`. DataError is defined
@@ -114,6 +115,21 @@ def atomic_write(dest):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def intact(path, sha256):
+    """Whether the cache file `path` still has the sha256 recorded when it was written. If
+    not (a damaged disk, a stray edit), a one-line note on stderr names it; the caller then
+    rebuilds it. Size and modification time are no proof: a same-size change keeps both."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    if h.hexdigest() == sha256:
+        return True
+    print(f"note: the cache file {path} is damaged (not the sha256 recorded when it was built); "
+          "rebuilding it", file=sys.stderr)
+    return False
 
 
 def _download(url, dest, hint):

@@ -26,13 +26,15 @@ Cache entry, <entry>/bpe-<N>/ beside data.py's <entry>/tokens.bin (corpus.cache_
     tokens.bin       each split's BPE tokens, uint16, in split order (train, val[, test])
     meta.json        format, tokenizer, corpus (the byte entry's fingerprint, sha256, bytes and
                      the byte range of each split it was made from), token ranges, bytes and
-                     tokens per split, vocab_size, tokenizers version, build seconds
+                     tokens per split, vocab_size, the sha256 of the two files above,
+                     tokenizers version, build seconds
 
-It is reused while FORMAT_VERSION, the corpus and its split ranges match and tokens.bin has
-its size; otherwise rebuilt (seconds for the 2 MB default corpus). Every file is written
-through corpus.atomic_write. Not here: byte tokens, splits and batches (data.py), where the
-text comes from (corpus.py).
+It is reused while FORMAT_VERSION, the corpus and its split ranges match and both files
+still have their sha256 (corpus.intact: a damaged one is named in a note); otherwise rebuilt
+(seconds for the 2 MB default corpus). Every file is written through corpus.atomic_write.
+Not here: byte tokens, splits and batches (data.py), where the text comes from (corpus.py).
 """
+import hashlib
 import importlib
 import json
 import re
@@ -41,9 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .corpus import DataError, atomic_write
+from .corpus import DataError, atomic_write, intact
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2         # 2: meta.json holds the sha256 of tokenizer.json and tokens.bin
 MIN_VOCAB = 257            # more than the 256 byte symbols: at least one merge
 MAX_VOCAB = 65536          # the ids must fit uint16
 TOKEN_DTYPE = np.uint16
@@ -53,6 +55,7 @@ SAFE_CUT = re.compile(rb"[0-9A-Za-z]\n[0-9A-Za-z]")   # cut after the newline: s
 SPEC_HELP = f"byte, or bpe:N with N a whole number of tokens in {MIN_VOCAB}..{MAX_VOCAB}"
 MISSING = '--tokenizer={spec} needs the Hugging Face tokenizers package: pip install -e ".[bpe]"'
 FILES = ("tokenizer.json", "tokens.bin", "meta.json")
+CHECKED = ("tokenizer.json", "tokens.bin")            # checked against meta.json's sha256 on load
 
 
 class TokenizerError(DataError):
@@ -148,12 +151,11 @@ class BPE:
 
 
 def _read(folder, corpus, spec):
-    """meta.json of a complete, up-to-date entry, else None."""
+    """meta.json of a complete, up-to-date entry whose files are intact, else None."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
         ok = (meta.get("format") == FORMAT_VERSION and meta.get("tokenizer") == spec and meta.get("corpus") == corpus
-              and (folder / "tokens.bin").stat().st_size == meta["tokens"] * TOKEN_DTYPE().itemsize
-              and (folder / "tokenizer.json").is_file())
+              and all(intact(folder / name, meta["sha256"][name]) for name in CHECKED))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return meta if ok else None
@@ -164,19 +166,22 @@ def _build(folder, splits, corpus, n, spec):
     t0 = time.perf_counter()
     folder.mkdir(parents=True, exist_ok=True)
     bpe = BPE.train(pieces(splits["train"]), n, spec)
-    bounds, total = {}, 0
+    bounds, total, sha = {}, 0, hashlib.sha256()
     with atomic_write(folder / "tokens.bin") as out:
         for name, data in splits.items():
             start = total
             for ids in bpe.encode_pieces(pieces(data)):
                 out.write(ids.tobytes())
+                sha.update(ids.tobytes())
                 total += len(ids)
             bounds[name] = [start, total]
+    text = bpe.tok.to_str().encode()
     with atomic_write(folder / "tokenizer.json") as f:
-        f.write(bpe.tok.to_str().encode())
+        f.write(text)
     meta = {"format": FORMAT_VERSION, "tokenizer": spec, "corpus": corpus, "splits": bounds,
             "bytes_per_split": {k: len(v) for k, v in splits.items()}, "tokens": total,
             "vocab_size": bpe.vocab_size, "dtype": np.dtype(TOKEN_DTYPE).name,
+            "sha256": {"tokens.bin": sha.hexdigest(), "tokenizer.json": hashlib.sha256(text).hexdigest()},
             "tokenizers_version": _library(spec).__version__, "build_seconds": round(time.perf_counter() - t0, 3)}
     with atomic_write(folder / "meta.json") as f:
         f.write(json.dumps(meta, indent=1, sort_keys=True).encode())
