@@ -132,3 +132,33 @@ def test_bad_kfac_setting_is_one_line(capsys):
     assert main(["--config=tiny", "--kfac=True", "--kfac_damping=-1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "kfac_damping" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps=0"], "--steps must be at least 1, got 0"),          # was a ZeroDivisionError traceback, exit 1
+    (["--warmup=-1"], "--warmup must be >= 0, got -1"),            # was a full run
+    (["--rounds=0"], "--rounds must be at least 1, got 0"),
+    (["--layouts="], "--layouts must be at least one RANKSxTHREADS layout, got ()"),
+    (["--layouts=0x2"], "layout '0x2' must look like RANKSxTHREADS, e.g. 2x1"),
+    (["--dtype=int8"], "--dtype must be float32 or float64, got 'int8'"),
+    (["--config=nope"], "unknown config 'nope'; configurations: " + ", ".join(CONFIGS)),
+])
+def test_the_ranks_benchmark_checks_its_settings_first(argv, message, capsys):
+    from nanospa.bench import ranks
+    assert ranks.main(argv) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_the_ranks_benchmark_without_mpiexec_says_how_to_install(capsys, monkeypatch):
+    from nanospa.bench import ranks
+    monkeypatch.setattr(ranks, "mpiexec", lambda: None)
+    assert ranks.main(["--layouts=1x1,2x1"]) == 2
+    assert capsys.readouterr().err == "error: layouts with several ranks need mpiexec and mpi4py: pip install -e .[mpi]\n"
+
+
+def test_a_failed_ranks_job_is_one_line(capsys, monkeypatch):
+    from nanospa.bench import ranks
+    monkeypatch.setattr(ranks.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 137, "", "Killed"))
+    assert ranks.main(["--layouts=1x1", "--config=tiny"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "failed (137): Killed" in err and err.count("\n") == 1

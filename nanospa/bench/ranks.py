@@ -26,6 +26,7 @@ the collectives (distributed.py), the single-process benchmark with MFU and PyTo
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ from .measure import CONFIGS, OPTIM, make_batch, make_config
 from ..run.distributed import world as get_world
 from ..model import GPT
 from ..optim import AdamW
-from ..run.settings import SettingsError, fail, help_text, parse_settings, source_notes, wants_help
+from ..run.settings import SettingsError, help_text, parse_settings, run_command, source_notes, wants_help
 from ..run.threads import set_threads, sharded_backward
 
 DEFAULTS = dict(
@@ -110,8 +111,7 @@ def launch(ranks, threads, s):
            f"--config={s['config']}", f"--dtype={s['dtype']}", f"--steps={s['steps']}",
            f"--warmup={s['warmup']}", f"--pure_reps={s['pure_reps']}"]
     if ranks > 1:
-        mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-        cmd = [mpiexec if os.access(mpiexec, os.X_OK) else "mpiexec", "-n", str(ranks)] + cmd
+        cmd = [mpiexec(), "-n", str(ranks)] + cmd
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode:
@@ -175,28 +175,55 @@ def report(summary, checks):
     return "\n".join(lines)
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if wants_help(argv):
-        print(help_text(__doc__.splitlines()[0], DEFAULTS, source_notes(__file__)))
-        return 0
-    try:
-        s = parse_settings(argv, DEFAULTS)
-        if s["worker"]:
-            return get_world().run(worker, s)
-        layouts = [(name, *parse_layout(name)) for name in s["layouts"]]
-        if s["config"] not in CONFIGS:
-            raise SettingsError(f"unknown config {s['config']!r}; configurations: {', '.join(CONFIGS)}")
-    except (SettingsError, ValueError) as e:
-        return fail(e)
-    records = {name: [] for name, _, _ in layouts}
+CHECKS = [  # (key, test, what a good value is)
+    ("steps", lambda v: v >= 1, "at least 1"), ("warmup", lambda v: v >= 0, ">= 0"),
+    ("rounds", lambda v: v >= 1, "at least 1"), ("pure_reps", lambda v: v >= 0, ">= 0"),
+    ("threads", lambda v: v >= 1, "at least 1"), ("dtype", lambda v: v in ("float32", "float64"), "float32 or float64"),
+    ("layouts", lambda v: len(v) > 0, "at least one RANKSxTHREADS layout"),
+]
+
+
+def settings(argv):
+    """The checked settings; SettingsError names the first bad one."""
+    s = parse_settings(argv, DEFAULTS)
+    for key, ok, what in CHECKS:
+        if not ok(s[key]):
+            raise SettingsError(f"--{key} must be {what}, got {s[key]!r}")
+    if s["config"] not in CONFIGS:
+        raise SettingsError(f"unknown config {s['config']!r}; configurations: {', '.join(CONFIGS)}")
+    s["layouts"] = [(name, *parse_layout(name)) for name in s["layouts"]]
+    if any(ranks > 1 for _, ranks, _ in s["layouts"]) and not s["worker"] and mpiexec() is None:
+        raise SettingsError("layouts with several ranks need mpiexec and mpi4py: pip install -e .[mpi]")
+    return s
+
+
+def mpiexec():
+    """The mpiexec beside this Python (the mpich wheel's), else one on PATH, else None."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.access(here, os.X_OK) else shutil.which("mpiexec")
+
+
+def run(argv):
+    s = settings(argv)
+    if s["worker"]:
+        return get_world().run(worker, s)
+    records = {name: [] for name, _, _ in s["layouts"]}
     for r in range(s["rounds"]):
-        for name, ranks, threads in (layouts if r % 2 == 0 else layouts[::-1]):
+        for name, ranks, threads in (s["layouts"] if r % 2 == 0 else s["layouts"][::-1]):
             records[name].append(launch(ranks, threads, s))
     summary = summarise(records)
     checks = cost_model(summary)
     print(json.dumps(dict(summary=summary, cost_model=checks), indent=1) if s["json"] else report(summary, checks))
     return 0
+
+
+def main(argv=None):
+    """-> the exit status: 0, or 2 after one error: line (a bad setting, a failed job)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if wants_help(argv):
+        print(help_text(__doc__.splitlines()[0], DEFAULTS, source_notes(__file__)))
+        return 0
+    return run_command(run, argv)
 
 
 if __name__ == "__main__":
