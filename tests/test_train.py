@@ -276,6 +276,21 @@ def test_eval_only_reports_and_writes_nothing(tmp_path, text_file, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_eval_only_needs_only_read_access(tmp_path, text_file, capsys, monkeypatch):
+    """A finished run on a read-only disk can still be evaluated; training there is refused."""
+    assert run(tmp_path, text_file, "--max_iters=2") == 0
+    out = tmp_path / "out"
+    out.chmod(0o555)                                         # read-only (root ignores it: hence the patch)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if mode & os.W_OK else real(p, mode, **kw))
+    capsys.readouterr()
+    assert run(tmp_path, text_file, "--init_from=resume", "--eval_only=True") == 0
+    assert "iter 2: train" in capsys.readouterr().out
+    assert run(tmp_path, text_file, "--init_from=resume", "--max_iters=4") == 2
+    assert f"--out_dir={out}: {out} is not writable" in capsys.readouterr().err
+    out.chmod(0o755)
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, text_file):

@@ -61,10 +61,12 @@ class RunDirError(ValueError):
 
 # ----------------------------------------------------------------------------- the folder
 
-def check_run_dir(out_dir):
-    """Before anything is read or written: out_dir is a folder or can be made one, and its
-    ckpt.npz and log.jsonl, where present, are regular files (not folders or dangling links)."""
-    check_output_dir(out_dir, "out_dir")
+def check_run_dir(out_dir, writing=True):
+    """Before anything is read or written: out_dir is a folder or can be made one (writing;
+    --eval_only only reads), and its ckpt.npz and log.jsonl, where present, are regular files
+    (not folders or dangling links)."""
+    if writing:
+        check_output_dir(out_dir, "out_dir")
     for name in (CKPT_FILE, LOG_FILE, LOCK_FILE):
         p = Path(out_dir) / name
         if p.is_symlink() and not p.exists():

@@ -69,7 +69,7 @@ class Session:
         self.argv, self.defaults, self.presets, self.check, self.model_keys = argv, defaults, presets, check, model_keys
         self.derive = derive            # derive(s, given): defaults that follow other settings (scratch runs)
         self.settings = settings_of(argv, defaults, presets)
-        check_run_dir(self.settings["out_dir"])       # a file or a folder where one is expected: refused now
+        check_run_dir(self.settings["out_dir"], writing=not self.settings["eval_only"])   # refused now
         self.world = distributed.world()              # size 1 without mpiexec: every collective is a no-op
         self.ckpt, self.start, self.nothing_to_do = None, 0, False
         self._stack = ExitStack()
