@@ -43,6 +43,7 @@ from nanospa.measure import layer_stats, measured_kernels, show
 from nanospa.model import GPT
 from nanospa.optim import cosine_lr
 from nanospa.run import distributed, threads
+from nanospa.run.fits import check_fits
 from nanospa.run.rundir import Abandoned
 from nanospa.run.session import Diverged, Session, settings_of
 from nanospa.run.settings import EXIT_SIGNAL_BASE, SettingsError, help_text, run_command, source_notes, wants_help
@@ -181,6 +182,7 @@ def train(argv):
 
         # -- model and init summary
         cfg = GPTConfig(vocab_size=ds.vocab_size, **{k: s[k] for k in MODEL_KEYS})   # the tokenizer's size
+        check_fits(cfg, B // world.size, s["device"])    # a size this machine cannot hold: refused now
         model = GPT(cfg, seed=s["seed"])              # ValueError: e.g. an unreachable activation target
         # A checkpoint's arrays are C-ordered; some fresh weights are not (orthogonal init). Loading
         # either way gives both runs the same memory layout, so BLAS repeats the same roundings.

@@ -58,6 +58,7 @@ from .report import format_report, machine_info
 from ..config import GPTConfig
 from ..model import GPT
 from ..beyond.optimizers import KFAC_KEYS, OPTIMIZER_DEFAULTS, check_optimizer
+from ..run.fits import check_fits
 from ..run.settings import SettingsError, help_text, parse_settings, run_command, source_notes, wants_help
 
 # ----------------------------------------------------------------------------- settings
@@ -116,7 +117,8 @@ def parse_args(argv):
         if s[key] < low:
             raise SettingsError(f"--{key} must be >= {low}, got {s[key]}")
     for name in s["config"]:
-        make_config(name, s["overrides"], s["dtype"])    # GPTConfig's ValueError, before any timing
+        check_fits(*make_config(name, s["overrides"], s["dtype"]), s["device"])   # GPTConfig's ValueError,
+                                                         # or a size this machine cannot hold: before any timing
     try:
         check_optimizer({**s, "optimizer": "kfac"})      # the --kfac_* settings
     except ValueError as e:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..run.fits import check_fits
 from ..run.settings import check_output_dir, help_text, parse_settings, run_command, stop_on_signals, wants_help
 from ..run.tokenizer import check as check_tokenizer
 from . import reuse
@@ -351,6 +352,7 @@ def run(spec, argv):
     configs, plans = {}, {}
     for label, m in methods.items():
         cfg = model_config(s, m, ds.vocab_size)
+        check_fits(cfg, s["batch_size"], s["device"])  # a size this machine cannot hold: refused now
         plans[label] = dict(make_plan(cfg).info)   # surfaces plan errors before any training
         configs[label] = cfg.to_dict()
     out = Path(s["out"])
