@@ -316,9 +316,11 @@ def test_generate_and_evaluate_run_in_evaluation_mode_and_return():
 
 def test_train_py_with_prepbn_and_batchnorm_resumes_exactly(tmp_path, text_file):
     """train.py's loop calls after_step, evaluates in evaluation mode and checkpoints the
-    running statistics and PRepBN's step count: a resumed run equals the uninterrupted one."""
+    running statistics and PRepBN's step count: a resumed run equals the uninterrupted one.
+    (Switching to batch statistics within 5 steps, this tiny model's loss spiked to 3.6x its
+    best, and a state that far from its best is not checkpointed: a switch over 30 steps.)"""
     common = ["--log_interval=1", "--eval_interval=3", "--lr_decay_iters=6", "--checkpoint_interval=100",
-              "--residual=standard", "--norm=prepbn", "--prepbn_steps=5", "--norm_causal=True"]
+              "--residual=standard", "--norm=prepbn", "--prepbn_steps=30", "--norm_causal=True"]
     assert run(tmp_path, text_file, "--max_iters=6", *common, out="whole") == 0
     assert run(tmp_path, text_file, "--max_iters=3", *common, out="split") == 0
     assert run(tmp_path, text_file, "--max_iters=6", "--init_from=resume", *common, out="split") == 0

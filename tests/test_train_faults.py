@@ -502,7 +502,7 @@ def _evaluated(text_file, out):
 def test_an_exploding_loss_stops_the_run_and_the_named_checkpoint_is_good(tmp_path, text_file, capsys, monkeypatch):
     """The 6th update multiplies every weight by 30: the loss stays finite but leaves any
     trained model's range. The state after it scores far above 2 x the best loss on its batch,
-    so its checkpoint is not written; step 7's loss is above 3 ln(vocab), so the run stops
+    so its checkpoint is not written; step 7's loss is above 10 ln(vocab), so the run stops
     (exit 1) naming iter 5's checkpoint, which evaluates near the run's best."""
     from nanospa import optim
 

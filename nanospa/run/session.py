@@ -41,12 +41,13 @@ from .checkpoint import (NotFiniteError, check_same_data, check_same_model, data
 from .rundir import Interrupts, RunFiles, RunLock, check_run_dir, heal_log, held_files
 from .settings import SettingsError, parse_settings
 
-# What "diverged" and "good" mean (docs/running.md, "When a run diverges"). A byte or BPE model
-# that guesses uniformly scores ln(vocab) nats per token; a loss above EXPLODED times that is
-# no training run any more, however it goes on. A checkpoint is written only from a state whose
-# loss on its step's batch is within GOOD times the best training loss the run has seen, so the
-# checkpoint a divergence message names is one from before the loss left its best.
-EXPLODED = 3.0
+# What "diverged" and "good" mean (docs/running.md, "Exit status"). A model that guesses
+# uniformly scores ln(vocab) nats per token. A loss above EXPLODED times that has exploded: the
+# run stops (K-FAC at a runaway rate went on at 1e14 to 1e18). Spikes to 3x came back (a tiny
+# PRepBN model at its switch to batch statistics), so the line sits well above them. A
+# checkpoint is written only from a state whose loss on its step's batch is within GOOD times
+# the best training loss so far, so a spike never replaces the checkpoint from before it.
+EXPLODED = 10.0
 GOOD = 2.0
 PER_RUN = ("out_dir", "init_from", "overwrite", "new_data", "eval_only", "preset")  # never from a checkpoint
 
