@@ -33,7 +33,8 @@ def test_two_real_runs_side_by_side(tmp_path, text_file, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
-def test_bad_folders_and_settings_are_one_line(tmp_path, capsys):
+def test_bad_folders_and_settings_are_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(plot_command, "need_matplotlib", lambda command: None)   # the checks, with or without it
     def refused(args, words):
         assert plot_command.main(args) == 2
         err = capsys.readouterr().err
