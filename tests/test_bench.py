@@ -75,6 +75,11 @@ def test_bench_rejects_unknown_configuration(capsys):
     (["--n_layer=0"], "GPTConfig.n_layer must be a positive integer, got 0"),       # before any timing
     (["--batch_size=0"], "--batch_size must be >= 1, got 0 (leave it unset for the configuration's own)"),
     (["--block_size=-4"], "GPTConfig.block_size must be a positive integer, got -4"),
+    (["--torch_sdpa=True"], "--torch_sdpa is gone: the PyTorch yardstick always runs scaled_dot_product_attention "
+                            "(--torch=eager|compile|both picks its rows)"),
+    (["--torch=auto"], "--torch=auto is now --torch=both (the default: eager and torch.compile rows, when torch "
+                       "imports); or --torch=eager, compile, no"),
+    (["--torch=fast"], "--torch=fast: one of both, eager, compile, no"),
 ])
 def test_bad_settings_give_one_line_and_status_2(argv, message, capsys):
     assert main(argv) == 2

@@ -2,6 +2,7 @@
 their overrides, the token batch, the GEMM probe's count, the alternating timed rounds
 (with stand-in steps: no time is asserted), and one real nanospa step."""
 import numpy as np
+import pytest
 
 from nanospa.run import threads as cpu
 from nanospa import GPT, GPTConfig, backend
@@ -74,3 +75,20 @@ def test_a_nanospa_step_trains():
     assert all(step() > 0 for _ in range(3))
     assert model(idx, targets)[1].item() < before
     assert all(p.grad is None for p in model.parameters())           # zero_grad after the step
+
+
+def test_profile_puts_every_op_of_a_step_in_a_kind_and_leaves_the_engine_as_it_was():
+    from nanospa.bench.measure import NanospaStep, make_batch, make_config
+    from nanospa.bench.profile import BATCHED, LINEAR, OPTIMIZER, REST, profile_nanospa
+    from nanospa.model import GPT
+    from nanospa.shape_ops import MatMul
+    before = MatMul.__dict__["forward"], MatMul.__dict__["backward"]
+    cfg, batch = make_config("tiny", {}, "float32")
+    step = NanospaStep(GPT(cfg, seed=0), *make_batch(cfg, batch))
+    kinds, wall, n = profile_nanospa(step, steps=2)
+    assert (MatMul.__dict__["forward"], MatMul.__dict__["backward"]) == before   # the wrappers are gone
+    assert "timed_opt_step" not in repr(step.opt.step)
+    assert kinds[LINEAR] > 0 and kinds[BATCHED] > 0 and kinds[OPTIMIZER] > 0 and "softmax" in kinds
+    assert "other ops" not in kinds                               # every op of the model has its kind
+    assert n == 1 and min(kinds.values()) >= 0 and kinds[REST] > 0   # one thread: the ops fit in the wall time
+    assert sum(kinds.values()) == pytest.approx(wall, rel=1e-9)

@@ -48,3 +48,17 @@ def test_the_table_has_a_line_per_framework_and_the_paired_ratio():
 def test_without_torch_there_is_no_ratio_line():
     text = format_report(report(torch=False))
     assert "torch not installed" in text and "pytorch" not in text and "speed" not in text
+
+
+def test_the_fresh_process_line_gives_its_ratio_and_flags_disagreement():
+    rep = report()
+    r = rep["results"][0]
+    r["yardstick"] = dict(rows=["pytorch"], unavailable={}, compile_s={},
+                          fresh_process=dict(torch_threads=2, rows=dict(pytorch=dict(step_s_median=0.0288,
+                                                                                     over_in_process=-0.19))))
+    text = format_report(rep)
+    assert ("alone in a fresh process (torch + yardstick.py, torch threads 2): pytorch 28.8 ms/step "
+            "(-19.0% vs in-process; nanospa's speed over it 0.90)") in text     # 0.0288 / 0.032
+    assert "differ by more than 5%" in text
+    r["yardstick"]["fresh_process"]["rows"]["pytorch"]["over_in_process"] = 0.04
+    assert "differ by more than" not in format_report(rep)

@@ -14,11 +14,29 @@ For each named configuration (--config=ref,ref512,...) it times a full training 
                    (nanospa/bench/memory.py)
 
 When PyTorch imports (optional, never a dependency), the same model (nanospa's weights, see
-nanospa/bench/yardstick.py, a yardstick only) is stepped in PyTorch eager mode with the same
-configuration, thread count and dtype. Steps alternate between the two frameworks (in
-alternating order), and the reported ratio is the median over rounds of
-t_pytorch / t_nanospa: a speed ratio, > 1 when nanospa is faster, in which drift of a shared
-machine cancels.
+nanospa/bench/yardstick.py, a yardstick only: nn.Linear layers, scaled_dot_product_attention,
+fused AdamW, as a PyTorch user writes it) is stepped in PyTorch with the same configuration,
+thread count and dtype, in the rows ``--torch`` names:
+
+    pytorch            eager mode
+    pytorch_compiled   the model through torch.compile (inductor, static shapes); its
+                       compile time (the first step) is reported apart, and a compilation
+                       that fails on this machine makes the row "unavailable" with the reason
+
+Steps alternate between the frameworks (in alternating order), and the reported ratio is
+the median over rounds of t_pytorch / t_nanospa: a speed ratio, > 1 when nanospa is faster,
+in which drift of a shared machine cancels. The compiled row is built and timed after the
+eager rounds, in rounds of its own beside nanospa: a compiled model in the process slowed
+the eager steps timed beside it (measure.Yardstick). The headline ratio is against the
+faster of the PyTorch rows (by median step time); each row's own ratio is reported too. A configuration
+the yardstick does not implement exactly (yardstick.check) has no PyTorch rows: the report
+says which setting, and gives no ratio.
+
+With ``--torch_fresh`` (default) each PyTorch row is timed once more alone, in a fresh
+process that imports only torch and yardstick.py (none of nanospa, no NumPy, none of the
+thread variables below: PyTorch's threads are torch.set_num_threads(n) alone), and reported
+beside the in-process figure: the two should agree within a few percent, or the in-process
+yardstick is disturbed by the benchmark around it.
 
 Threads (CPU): ``--threads=n`` (default 2). nanospa runs n worker threads, each training a
 slice of the batch (run/threads.sharded_backward: same loss and gradients, summed in a fixed
@@ -26,7 +44,9 @@ order), with single-threaded BLAS, as train.py does; ``--cpu_threading=blas`` ru
 with an n-thread BLAS instead: what a user's own loop ``model(idx, targets);
 loss.backward(); opt.step()`` gets. BLAS threads are set through OPENBLAS_NUM_THREADS, by re-running the command
 with it set before NumPy loads (or, when main() is called from Python, with threadpoolctl if
-installed). PyTorch gets torch.set_num_threads(n). The GEMM peak is measured the same way as
+installed). PyTorch gets torch.set_num_threads(n), and nothing else: its BLAS (MKL in the
+x86 wheels) does not read OPENBLAS_NUM_THREADS (the report shows PyTorch's BLAS and
+threads; the fresh-process row is the check). The GEMM peak is measured the same way as
 nanospa runs: n single-threaded products at once, or one n-thread product. OpenBLAS also
 reads OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE) when it loads; the report shows them and,
 with threadpoolctl, the kernel OpenBLAS chose, so a run with them unset (``env -u
@@ -42,6 +62,7 @@ report (report.py), the PyTorch model (yardstick.py).
 """
 import datetime
 import gc
+import importlib.util
 import json
 import os
 import sys
@@ -51,8 +72,9 @@ import numpy as np
 
 from .. import backend
 from ..run.threads import set_threads, threads
-from .measure import (CONFIGS, GemmProbe, KfacStep, NanospaStep, TorchStep, kfac_flops, make_batch,
-                            make_config, model_flops, time_steps)
+from .measure import (CONFIGS, ROWS, GemmProbe, KfacStep, NanospaStep, TorchStep, Yardstick, kfac_flops,
+                      make_batch, make_config, model_flops, paired_ratios, time_fresh, time_steps)
+from .profile import profile_runners
 from .memory import gpu_peaks, measure_cpu, probe_line, reset_gpu, status_bytes
 from .report import format_report, machine_info
 from ..config import GPTConfig
@@ -64,7 +86,7 @@ from ..run.settings import SettingsError, help_text, parse_settings, run_command
 # ----------------------------------------------------------------------------- settings
 # The comment beside each key is its --help line.
 BENCH_DEFAULTS = dict(
-    config=("ref",),           # comma-separated configurations: ref, ref512, gpu, tiny (bench_measure.CONFIGS)
+    config=("ref",),           # comma-separated configurations: ref, ref512, gpu, tiny (measure.CONFIGS)
     device="cpu",              # cpu | cuda
     dtype="float32",           # float32 | float64
     threads=2,                 # CPU threads for both frameworks
@@ -74,32 +96,44 @@ BENCH_DEFAULTS = dict(
     gemm_n=0,                  # GEMM peak matrix size; 0 = 2048 on the CPU, 8192 on a GPU
     settle=0.2,                # seconds idle before each timed call, so that threads left spinning do not compete
     gemm_reps=2,               # GEMM samples per round (the best counts)
-    torch="auto",              # auto: the PyTorch yardstick if torch imports | no
-    torch_sdpa=False,          # PyTorch uses scaled_dot_product_attention instead of the manual attention
+    torch="both",              # PyTorch rows: both (eager and torch.compile, the headline the faster) | eager | compile | no
+    torch_fresh=True,          # also time the PyTorch rows alone in a fresh process (torch and yardstick.py only)
+    profile=False,             # also print where a step's time goes per kind of op, nanospa beside PyTorch eager (profile.py)
     kfac=False,                # also time a nanospa K-FAC step (--kfac_* settings of train.py) beside AdamW's
     no_memory=False,           # skip the CPU memory probes
     json=False,                # print machine-readable results
     batch_size=0,              # sequences per step; unset: the configuration's
 )
 PROBE_DEFAULTS = dict(         # internal: the fresh process of a CPU memory probe
-    memory_probe="",           # the framework a fresh process measures (set by bench_memory.measure_cpu)
+    memory_probe="",           # the framework a fresh process measures (set by memory.measure_cpu)
     memory_steps=3,            # training steps of a memory probe
 )
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "dtype"]   # dtype is a bench key
 KFAC_DEFAULTS = {k: OPTIMIZER_DEFAULTS[k] for k in KFAC_KEYS}   # --kfac_*: as train.py's
 DEFAULTS = {**BENCH_DEFAULTS, **PROBE_DEFAULTS, **KFAC_DEFAULTS, **{f.name: f.default for f in fields(GPTConfig)
                                                   if f.name in MODEL_KEYS}}
+PROBED = ("nanospa", "pytorch", "nanospa_kfac")   # the frameworks of --memory_probe (not the compiled row)
 CHOICES = dict(device=("cpu", "cuda"), dtype=("float32", "float64"), cpu_threading=("shards", "blas"),
-               torch=("auto", "no"), memory_probe=("", "nanospa", "pytorch", "nanospa_kfac"))
+               torch=tuple(ROWS), memory_probe=("",) + PROBED)
 GEMM_N = dict(cpu=2048, cuda=8192)   # --gemm_n=0: the GEMM probe's size per device
+# settings that are gone: their one-line error says what replaced them
+RENAMED = {"--set": "--set KEY=VALUE is now --KEY=VALUE, e.g. --n_layer=24 or --batch_size=4",
+           "--torch_sdpa": "--torch_sdpa is gone: the PyTorch yardstick always runs scaled_dot_product_attention "
+                           "(--torch=eager|compile|both picks its rows)"}
+RENAMED_VALUES = {("torch", "auto"): "--torch=auto is now --torch=both (the default: eager and torch.compile rows, "
+                                     "when torch imports); or --torch=eager, compile, no"}
 
 
 def parse_args(argv):
     """Settings from the command line; SettingsError names a bad one."""
-    if any(a == "--set" or a.startswith("--set=") for a in argv):
-        raise SettingsError("--set KEY=VALUE is now --KEY=VALUE, e.g. --n_layer=24 or --batch_size=4")
+    for old, message in RENAMED.items():
+        if any(a == old or a.startswith(old + "=") for a in argv):
+            raise SettingsError(message)
     s = parse_settings(argv, DEFAULTS)
     explicit = s.pop("_explicit")
+    for (key, value), message in RENAMED_VALUES.items():
+        if s[key] == value:
+            raise SettingsError(message)
     s["overrides"] = {k: s[k] for k in MODEL_KEYS + ["batch_size"] if k in explicit}
     if "batch_size" in explicit and s["batch_size"] < 1:  # unset: the configuration's own batch size
         raise SettingsError(f"--batch_size must be >= 1, got {s['batch_size']} (leave it unset for the "
@@ -112,6 +146,8 @@ def parse_args(argv):
     for key, allowed in CHOICES.items():
         if s[key] not in allowed:
             raise SettingsError(f"--{key}={s[key]}: one of {', '.join(allowed)}")
+    if "torch" in explicit and s["torch"] != "no" and importlib.util.find_spec("torch") is None:
+        raise SettingsError(f"--torch={s['torch']} needs PyTorch (pip install torch); --torch=no runs without it")
     for key, low in (("threads", 1), ("steps", 1), ("gemm_reps", 1), ("memory_steps", 1),
                      ("warmup", 0), ("gemm_n", 0), ("batch_size", 0), ("settle", 0)):
         if s[key] < low:
@@ -190,12 +226,21 @@ def run_config(name, s, argv, torch):
     model = GPT(cfg, seed=0)
     idx, targets = make_batch(cfg, batch)
     runners = [NanospaStep(model, idx, targets)]
-    if torch is not None:
-        runners.append(TorchStep(torch, model, idx, targets, s["device"], sdpa=s["torch_sdpa"]))
+    yard = None
+    if torch is not None and ROWS[s["torch"]]:
+        yard = Yardstick(model, idx, targets, s["device"], ROWS[s["torch"]])   # the eager row
+        runners += yard.runners
     if s["kfac"]:
         runners.append(KfacStep(cfg, idx, targets, {k: s[k] for k in KFAC_KEYS}))
     gemm = GemmProbe(s["gemm_n"], cfg.dtype)
     times, peaks = time_steps(runners, gemm, s["steps"], s["warmup"], s["settle"], s["gemm_reps"])
+    pairs = {r.name: (times[r.name], times["nanospa"]) for r in runners if yard and r in yard.runners}
+    compiled = yard.compiled_step() if yard is not None else None
+    if compiled is not None:   # after the eager rounds (Yardstick), in rounds of its own beside nanospa
+        more, _ = time_steps([runners[0], compiled], gemm, s["steps"], s["warmup"], s["settle"], 1)
+        times[compiled.name] = more[compiled.name]
+        pairs[compiled.name] = (more[compiled.name], more["nanospa"])
+        runners.append(compiled)
     peak = float(np.median(peaks))
     cpu = s["device"] == "cpu"
     result = dict(config=name, gpt_config=cfg.to_dict(), batch_size=batch, tokens_per_step=tokens,
@@ -210,11 +255,34 @@ def run_config(name, s, argv, torch):
             step_s_median=med, step_s_min=float(t.min()), step_s_max=float(t.max()),
             tokens_per_s=tokens / med, model_flops_per_s=flops["per_step"] / med,
             mfu=flops["per_step"] / med / peak)
-    if torch is not None:
-        ratio = np.asarray(times["pytorch"]) / np.asarray(times["nanospa"])
-        result["ratio_nanospa_over_pytorch"] = dict(
-            median=float(np.median(ratio)), q25=float(np.quantile(ratio, 0.25)),
-            q75=float(np.quantile(ratio, 0.75)))
+    if yard is not None:
+        result["yardstick"] = yard.summary()
+        rows = result["yardstick"]["rows"]
+        for row, seconds in yard.compile_s.items():
+            result["frameworks"].get(row, {})["compile_s"] = seconds
+        headline, ratios = paired_ratios(pairs)
+        if headline is not None:   # against the faster PyTorch row; each row's own ratio beside it
+            result["ratio_nanospa_over_pytorch"] = dict(ratios[headline], yardstick=headline)
+            result["ratios_nanospa_over"] = ratios
+        if s["torch_fresh"] and rows:   # each row in a process of its own, as in-process (Yardstick)
+            fresh = {}
+            for row in rows:
+                one = time_fresh(yard.export, idx, targets, (row,), s["threads"], s["device"],
+                                 s["steps"], s["warmup"], s["settle"])
+                fresh = one if "unavailable" in one or not fresh else {**fresh, "rows": {**fresh["rows"], **one["rows"]}}
+                if "unavailable" in one:
+                    break
+            for row, d in fresh.get("rows", {}).items():
+                if "times" in d:
+                    t = np.asarray(d.pop("times"))
+                    med = float(np.median(t))
+                    d.update(step_s_median=med, step_s_min=float(t.min()), step_s_max=float(t.max()),
+                             tokens_per_s=tokens / med,
+                             over_in_process=med / result["frameworks"][row]["step_s_median"] - 1.0)
+            result["yardstick"]["fresh_process"] = fresh
+        yard.export = None
+    if s["profile"]:
+        result["profile"] = profile_runners(runners, s["steps"])
     if s["kfac"]:
         pair = np.asarray(times["nanospa_kfac"]) / np.asarray(times["nanospa"])
         result["kfac"] = dict(
@@ -229,6 +297,8 @@ def run_config(name, s, argv, torch):
     elif not s["no_memory"]:
         probe_argv = [a for a in argv if not a.startswith("--config=")] + [f"--config={name}"]
         for r in runners:
+            if r.name not in PROBED:      # the compiled row: no probe (it would compile again)
+                continue
             m = measure_cpu(r.name, probe_argv)
             result["frameworks"][r.name]["peak_mem_bytes"] = m["peak_bytes"]
             result["frameworks"][r.name]["process_peak_rss_bytes"] = m["process_peak_bytes"]
@@ -238,7 +308,7 @@ def run_config(name, s, argv, torch):
 
 def memory_probe(s, reexec_argv):
     """The fresh process of a CPU memory probe (--memory_probe=FRAMEWORK): build one
-    framework's model, train --memory_steps steps, print bench_memory.probe_line."""
+    framework's model, train --memory_steps steps, print memory.probe_line."""
     configure_cpu_threads(s["threads"], s["cpu_threading"], reexec_argv)
     torch = _torch() if s["memory_probe"] == "pytorch" else None
     if torch is not None:
@@ -249,7 +319,7 @@ def memory_probe(s, reexec_argv):
     model = GPT(cfg, seed=0)
     idx, targets = make_batch(cfg, batch)
     if s["memory_probe"] == "pytorch":
-        step = TorchStep(torch, model, idx, targets, "cpu", sdpa=s["torch_sdpa"])
+        step = TorchStep(model, idx, targets, "cpu")
         del model
         gc.collect()
     elif s["memory_probe"] == "nanospa_kfac":
@@ -277,7 +347,7 @@ def run(s, argv, reexec):
         threads_info = configure_cpu_threads(s["threads"], s["cpu_threading"], reexec_argv)
     backend.use(s["device"])
     s["gemm_n"] = s["gemm_n"] or GEMM_N[s["device"]]
-    torch = _torch() if s["torch"] == "auto" else None
+    torch = _torch() if s["torch"] != "no" else None
     if torch is not None and s["device"] == "cuda" and not torch.cuda.is_available():
         print("PyTorch sees no GPU (a CPU-only build?): no yardstick", file=sys.stderr)
         torch = None

@@ -5,6 +5,9 @@ training step, the timed steps of nanospa and of the PyTorch yardstick, the GEMM
     model_flops(cfg, batch_size)                   model FLOPs of one training step
     kfac_flops(cfg, batch_size, settings)          what a K-FAC step adds (docs/kfac.md §10)
     NanospaStep, KfacStep, TorchStep               one timed training step each
+    Yardstick                                      the PyTorch rows (eager, compiled) of a model
+    paired_ratios(pairs)                           t_row / t_nanospa per round; the headline row
+    time_fresh(export, ...)                        the yardstick alone in a fresh process
     GemmProbe                                      FLOP/s of n x n products, as nanospa runs them
     time_steps(runners, gemm, ...)                 alternating timed rounds -> times, peaks
 
@@ -22,18 +25,18 @@ Model FLOPs per step (forward + backward = 3 x forward, as in PaLM's MFU):
 
 Elementwise work, softmax, the loss and the optimiser are not counted.
 
-Not here: settings, threads and the run of one configuration (bench.py), peak memory
-(bench_memory.py), the printed report (bench_report.py), the PyTorch model (bench_torch.py).
+Not here: settings, threads and the run of one configuration (command.py), peak memory
+(memory.py), the printed report (report.py), the PyTorch model (yardstick.py).
 """
+import json
+import os
 import time
-from collections.abc import Mapping
 
 import numpy as np
 
 from .. import backend
 from ..config import GPTConfig
 from ..optim import AdamW
-from ..signal.attn_bias import bias_block
 from ..run.threads import parallel_map, sharded_backward, threads
 
 # name -> (GPTConfig fields, batch size). "ref" is the reference configuration of the README.
@@ -117,42 +120,6 @@ class NanospaStep:
         return time.perf_counter() - t
 
 
-class _DenseBiasState(Mapping):
-    """model.state_dict() plus, for every blockwise SPA block (which keeps only B_l's O(T)
-    parts), its dense tril(B_l) under the dense model's key blocks.i.attn.B, in the model's
-    dtype: what bench_torch.TorchGPT reads. Generated when asked for, one layer at a time,
-    so PyTorch's peak memory counts its own (T, T) biases but no second copy of them."""
-
-    def __init__(self, model):
-        self.state = model.state_dict()
-        T, dt = model.config.block_size, model.config.dtype
-        self.made = {f"blocks.{i}.attn.B": (lambda a=b.attn: np.tril(bias_block(a.bias_parts, 0, T, 0, T, dt)))
-                     for i, b in enumerate(model.blocks) if b.attn.bias_parts is not None}
-
-    def __getitem__(self, key):
-        return self.made[key]() if key in self.made else self.state[key]
-
-    def __iter__(self):
-        return iter([*self.state, *self.made])
-
-    def __len__(self):
-        return len(self.state) + len(self.made)
-
-
-class _YardstickView:
-    """A nanospa model as bench_torch.TorchGPT reads it (config, activation, parameters and
-    a state dict with dense B_l, _DenseBiasState)."""
-
-    def __init__(self, model):
-        self.model, self.config, self.activation = model, model.config, model.activation
-
-    def named_parameters(self):
-        return self.model.named_parameters()
-
-    def state_dict(self):
-        return _DenseBiasState(self.model)
-
-
 class KfacStep(NanospaStep):
     """One nanospa K-FAC training step on its own copy of the model: forward, backward, the
     curvature pass, K-FAC's update (the inverses every inv_interval steps), zero_grad."""
@@ -179,32 +146,126 @@ class KfacStep(NanospaStep):
 
 
 class TorchStep:
-    """The same step of the PyTorch yardstick (bench_torch.TorchGPT), with the model's B_l
-    as dense (T, T) biases (a blockwise nanospa model generates them for it)."""
-    name = "pytorch"
+    """The same step of the PyTorch yardstick (yardstick.TorchGPT, yardstick.Trainer), eager
+    ("pytorch") or through torch.compile ("pytorch_compiled"). ``source``: the nanospa model
+    (with its B_l as dense (T, T) masks: a blockwise model generates them for it,
+    yardstick.DenseView) or yardstick.export_nanospa's dict of it. A compiled step compiles at
+    construction (one training step): compile_s, or ``unavailable`` with the reason."""
 
-    def __init__(self, torch, model, idx, targets, device, sdpa=False):
-        from .yardstick import TorchGPT
-        self.torch, self.device = torch, device
-        self.model = TorchGPT(_YardstickView(model), device=device, sdpa=sdpa)
-        self.opt = torch.optim.AdamW(self.model.param_groups(model, OPTIM["weight_decay"]),
-                                     lr=OPTIM["lr"], betas=OPTIM["betas"])
-        self.idx = torch.as_tensor(idx, device=device)
-        self.targets = torch.as_tensor(targets, device=device)
-
-    def sync(self):
-        if self.device == "cuda":
-            self.torch.cuda.synchronize()
+    def __init__(self, source, idx, targets, device, compiled=False):
+        from .yardstick import TorchGPT, Trainer
+        self.name = COMPILED if compiled else EAGER
+        self.model = TorchGPT(source, device)
+        self.trainer = Trainer(self.model, idx, targets, OPTIM, device, compiled=compiled)
+        self.optimizer = self.trainer.optimizer
+        self.compile_s = self.unavailable = None
+        if compiled:
+            self.compile_s, self.unavailable = self.trainer.compile()
 
     def __call__(self):
-        self.sync()
-        t = time.perf_counter()
-        _, loss = self.model(self.idx, self.targets)
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        self.sync()
-        return time.perf_counter() - t
+        return self.trainer()
+
+
+EAGER, COMPILED = "pytorch", "pytorch_compiled"   # the yardstick's rows
+ROWS = dict(both=(EAGER, COMPILED), eager=(EAGER,), compile=(COMPILED,), no=())   # --torch
+
+
+class Yardstick:
+    """The PyTorch rows of one configuration (rows: names of ROWS), built from one export of
+    the model: the eager step at construction (``runners``), the compiled one when asked
+    (compiled_step), after the eager rounds are timed: a compiled model in the process slowed
+    the eager steps timed beside it by up to 30% (long, T = 1024), while each row timed alone
+    agreed with a fresh process. A row that cannot run is in ``unavailable`` with its reason
+    in one line: every row when the yardstick does not implement the configuration
+    (yardstick.check), the compiled row when torch.compile fails on this machine."""
+
+    def __init__(self, model, idx, targets, device, rows):
+        from .yardstick import export_nanospa
+        self.rows, self.idx, self.targets, self.device = tuple(rows), idx, targets, device
+        self.runners, self.unavailable, self.compile_s, self.optimizer = [], {}, {}, None
+        self.export = None
+        try:
+            self.export = export_nanospa(model)
+        except ValueError as e:                          # a configuration it does not implement
+            self.unavailable = {row: str(e) for row in rows}
+            return
+        if EAGER in rows:
+            step = TorchStep(self.export, idx, targets, device)
+            self.optimizer = step.optimizer
+            self.runners.append(step)
+
+    def compiled_step(self):
+        """The compiled row's step (compiled now, by one training step), or None when it was
+        not asked for or cannot run (the reason in ``unavailable``)."""
+        if COMPILED not in self.rows or self.export is None:
+            return None
+        step = TorchStep(self.export, self.idx, self.targets, self.device, compiled=True)
+        self.optimizer = step.optimizer
+        if step.compile_s is not None:
+            self.compile_s[COMPILED] = step.compile_s
+        if step.unavailable is not None:
+            self.unavailable[COMPILED] = step.unavailable
+            return None
+        self.runners.append(step)
+        return step
+
+    def summary(self):
+        return dict(rows=[r.name for r in self.runners], unavailable=self.unavailable, compile_s=self.compile_s,
+                    optimizer=self.optimizer and f"torch.optim.AdamW({self.optimizer}=True)",
+                    attention="F.scaled_dot_product_attention", compile="torch.compile(model, dynamic=False), inductor")
+
+
+def paired_ratios(pairs):
+    """pairs: {row: (the row's step times, nanospa's step times of the same rounds)}. Per
+    row, the quartiles over rounds of t_row / t_nanospa (> 1: nanospa is faster); ->
+    (headline, {row: dict(median, q25, q75)}), headline the row of the smallest median step
+    time (the faster of eager and compiled)."""
+    ratios = {}
+    for row, (t_row, t_ref) in pairs.items():
+        r = np.asarray(t_row) / np.asarray(t_ref)
+        ratios[row] = dict(median=float(np.median(r)), q25=float(np.quantile(r, 0.25)),
+                           q75=float(np.quantile(r, 0.75)))
+    headline = min(pairs, key=lambda row: float(np.median(pairs[row][0]))) if pairs else None
+    return headline, ratios
+
+
+# thread variables a fresh yardstick process does not inherit: PyTorch's threads are set by
+# torch.set_num_threads alone (nanospa's bench sets OPENBLAS_NUM_THREADS for NumPy)
+FRESH_DROPPED_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "GOTO_NUM_THREADS",
+                     "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+# the fresh process: Python loads yardstick.py by its path, so nothing of nanospa is imported
+FRESH_CODE = ("import importlib.util, sys; "
+              "spec = importlib.util.spec_from_file_location('nanospa_yardstick', sys.argv[1]); "
+              "m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m; spec.loader.exec_module(m); "
+              "sys.exit(m.fresh_main(sys.argv[2:]))")
+
+
+def time_fresh(export, idx, targets, rows, threads, device, steps, warmup, settle):
+    """Time yardstick rows alone in a fresh process that imports only torch and
+    yardstick.py, without the thread variables of FRESH_DROPPED_ENV, with
+    torch.set_num_threads(threads): -> the child's report (yardstick.fresh_main: rows
+    {name: times | unavailable}, torch_threads, nanospa_imported), or dict(unavailable=reason)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    import torch
+
+    from . import yardstick
+    with tempfile.TemporaryDirectory(prefix="nanospa_bench_") as tmp:
+        job = f"{tmp}/job.pt"
+        torch.save(dict(export=export, idx=torch.as_tensor(idx), targets=torch.as_tensor(targets),
+                        optim=dict(OPTIM), device=device, rows={r: r == COMPILED for r in rows},
+                        steps=steps, warmup=warmup, settle=settle), job)
+        env = {k: v for k, v in os.environ.items() if k not in FRESH_DROPPED_ENV}
+        out = subprocess.run([sys.executable, "-c", FRESH_CODE, yardstick.__file__, job, str(threads)],
+                             cwd=tmp, env=env, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        tail = [line for line in out.stderr.strip().splitlines() if line.strip()]
+        return dict(unavailable=f"the fresh process failed ({out.returncode}): {tail[-1] if tail else ''}"[:300])
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    d["env_dropped"] = [k for k in FRESH_DROPPED_ENV if k in os.environ]
+    return d
 
 
 class GemmProbe:
