@@ -46,7 +46,6 @@ PRESETS = dict(tiny=dict(n_layer=4, block_size=8, width=32, batch=2, depths=(1, 
                full=dict(n_layer=36, block_size=128, width=1024, batch=4, depths=(1, 6, 18, 36)))
 COLLAPSED = 0.99   # mean off-diagonal of C above this: tokens are nearly copies of each other
 FIG1_KINDS = ("softmax", "uspa", "espa")
-PLOT_HINT = "pip install -e .[plot]  (or: pip install matplotlib)"
 
 
 def settings(argv):
@@ -134,12 +133,8 @@ def figure1(cfg, depths=(), kinds=FIG1_KINDS, empirical=False, width=512, batch=
 def plot_heatmaps(fig1, path, title=""):
     """Write the Figure-1-style grid (one row per kind and series, one column per depth) to
     `path`. Returns True, or False after printing how to install matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"skipped {path}: matplotlib is not installed ({PLOT_HINT})")
+    plt = report.pyplot(path)
+    if plt is None:
         return False
     rows = [(kind, label) for kind, series in fig1["kinds"].items() for label in series]
     depths = fig1["depths"]

@@ -142,12 +142,8 @@ def findings(result):
 
 def plot(result, path, panels=None):
     """Loss against steps and against seconds: each model's AdamW and best K-FAC run."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"skipped {path}: matplotlib is not installed ({report.PLOT_HINT})")
+    plt = report.pyplot(path)
+    if plt is None:
         return False
     fig, axes = plt.subplots(1, 2, figsize=(report.PANEL_INCHES[0] * 2, report.PANEL_INCHES[1]), constrained_layout=True)
     unigram = result["data"]["unigram_entropy"]

@@ -36,9 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..run.settings import PLOT_HINT
+
 STALL_MARGIN = 0.1   # nats/token; see the module docstring. Quick-preset Pre-LN ends ~0.8 below.
 MATCH_MARGIN = 0.05  # nats/token: two final training losses closer than this count as level
-PLOT_HINT = "pip install -e .[plot]  (or: pip install matplotlib)"
 GIT_TIMEOUT_S = 10   # seconds git may take to name the commit before it is recorded as unknown
 LOSS_WINDOW = 0.1    # loss_at: mean of the curve over this fraction of the run around a point
 SMOOTH_POINTS = 25   # plot: the moving average spans 1/SMOOTH_POINTS of a curve's records
@@ -284,13 +285,22 @@ def seed_spread(method, window):
     return np.std(np.array(curves), axis=0)
 
 
-def plot(result, path, panels=None):
+def pyplot(path):
+    """matplotlib.pyplot (the Agg backend: files only), or None after a line saying that the
+    picture at `path` is skipped because matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print(f"skipped {path}: matplotlib is not installed ({PLOT_HINT})")
+        return None
+    return plt
+
+
+def plot(result, path, panels=None):
+    plt = pyplot(path)
+    if plt is None:
         return False
     methods = result["methods"]
     panels = panels or [("", list(methods))]

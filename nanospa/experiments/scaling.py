@@ -249,12 +249,8 @@ def at_init(settings, configs, ds):
 
 
 def plot(result, path, panels=None):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"skipped {path}: matplotlib is not installed ({report.PLOT_HINT})")
+    plt = report.pyplot(path)
+    if plt is None:
         return False
     a = result.get("analysis") or {}
     rows = a.get("rows", {})
