@@ -245,7 +245,7 @@ def test_blockwise_model_keeps_O_T_bias_state_and_its_state_dict_round_trips():
 def test_the_benchmark_yardstick_sees_the_dense_bias_of_a_blockwise_model():
     """The benchmark hands PyTorch a blockwise model with the dense tril(B_l) it no longer
     stores, generated per key when asked: the dense model's state dict, entry for entry."""
-    from nanospa.bench.yardstick import DenseView
+    from nanospa.bench.view import DenseView
     cfg = tiny_config(attention="uspa", block_size=12)
     blockwise = GPT(tiny_config(**{**cfg.to_dict(), "attention_impl": "blockwise"}), seed=0)
     dense_state = GPT(cfg, seed=0).state_dict()

@@ -149,7 +149,7 @@ class TorchStep:
     """The same step of the PyTorch yardstick (yardstick.TorchGPT, yardstick.Trainer), eager
     ("pytorch") or through torch.compile ("pytorch_compiled"). ``source``: the nanospa model
     (with its B_l as dense (T, T) masks: a blockwise model generates them for it,
-    yardstick.DenseView) or yardstick.export_nanospa's dict of it. A compiled step compiles at
+    view.DenseView) or yardstick.export_nanospa's dict of it. A compiled step compiles at
     construction (one training step): compile_s, or ``unavailable`` with the reason."""
 
     def __init__(self, source, idx, targets, device, compiled=False):

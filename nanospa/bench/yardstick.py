@@ -46,7 +46,6 @@ import json
 import math
 import sys
 import time
-from collections.abc import Mapping
 
 import torch
 import torch.nn as nn
@@ -225,7 +224,7 @@ class Block(nn.Module):
 
 class TorchGPT(nn.Module):
     """nanospa's GPT (same configuration, same weights) as a PyTorch module. ``source``: a
-    nanospa GPT (or its DenseView), or the dict export_nanospa made of one (its
+    nanospa GPT (or its view.DenseView), or the dict export_nanospa made of one (its
     parameters are copied, its buffers shared). forward(idx, targets) -> (logits, loss)."""
 
     def __init__(self, source, device="cpu"):
@@ -303,7 +302,7 @@ def _torch_name(name):
 
 
 def export_nanospa(model):
-    """A nanospa GPT (or its DenseView, whose state has the dense B_l of a blockwise
+    """A nanospa GPT (or its view.DenseView, whose state has the dense B_l of a blockwise
     model) as dict(spec, state): the yardstick's plain settings and its state dict
     in PyTorch's layout and the model's dtype (on the host). check() first."""
     import numpy as np
@@ -312,6 +311,7 @@ def export_nanospa(model):
     from ..beyond.schemes import residual_weights
     from ..fused import LAYER_NORM_EPS, RMS_NORM_EPS
     if hasattr(model, "blocks"):                                 # a GPT: a blockwise one keeps no dense B_l
+        from .view import DenseView
         model = DenseView(model)
     cfg = model.config
     check(cfg)
@@ -354,45 +354,6 @@ def export_nanospa(model):
     spec["no_decay"] = sorted(t for t, v in decay.items() if True in v)
     spec["layout"] = layout
     return dict(spec=spec, state=out)
-
-
-class _DenseBiasState(Mapping):
-    """model.state_dict() plus, for every blockwise SPA block (which keeps only B_l's O(T)
-    parts), its dense tril(B_l) under the dense model's key blocks.i.attn.B, in the model's
-    dtype. Generated when asked for, one layer at a time, so PyTorch's peak memory counts
-    its own (T, T) biases but no second copy of them."""
-
-    def __init__(self, model):
-        import numpy as np
-
-        from ..signal.attn_bias import bias_block
-        self.state = model.state_dict()
-        T, dt = model.config.block_size, model.config.dtype
-        self.made = {f"blocks.{i}.attn.B": (lambda a=b.attn: np.tril(bias_block(a.bias_parts, 0, T, 0, T, dt)))
-                     for i, b in enumerate(model.blocks) if b.attn.bias_parts is not None}
-
-    def __getitem__(self, key):
-        return self.made[key]() if key in self.made else self.state[key]
-
-    def __iter__(self):
-        return iter([*self.state, *self.made])
-
-    def __len__(self):
-        return len(self.state) + len(self.made)
-
-
-class DenseView:
-    """A nanospa GPT as export_nanospa reads it: config, activation, parameters, and a state
-    dict with the dense B_l of every SPA block (_DenseBiasState)."""
-
-    def __init__(self, model):
-        self.model, self.config, self.activation = model, model.config, model.activation
-
-    def named_parameters(self):
-        return self.model.named_parameters()
-
-    def state_dict(self):
-        return _DenseBiasState(self.model)
 
 
 # ----------------------------------------------------------------------------- training steps
