@@ -138,3 +138,24 @@ def test_profile_of_the_pytorch_step_sorts_its_ops_into_kinds():
     kinds, wall = profile_torch(y.runners[0], steps=2)
     assert kinds[LINEAR] > 0 and kinds["SDPA attention (fused)"] > 0 and kinds[OPTIMIZER] > 0
     assert kinds.get("other ops", 0.0) < 0.25 * sum(kinds.values())   # the kinds name most of the time
+
+
+@pytest.mark.slow
+def test_the_benchmark_times_both_rows_and_each_alone(capsys):
+    """The whole command with PyTorch: eager and compiled rows, each row's ratio, the headline
+    against the faster, and each row again in a fresh process (a compiler missing on the
+    machine makes the compiled row 'unavailable', which is a valid outcome here)."""
+    import json
+
+    from nanospa.bench.command import main
+    assert main(["--config=tiny", "--steps=2", "--warmup=0", "--no_memory", "--settle=0", "--gemm_n=64",
+                 "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["results"][0]
+    y = r["yardstick"]
+    rows = y["rows"]
+    assert rows[0] == "pytorch" and set(rows) | set(y["unavailable"]) == {"pytorch", "pytorch_compiled"}
+    assert set(r["ratios_nanospa_over"]) == set(rows)
+    assert r["ratio_nanospa_over_pytorch"]["yardstick"] in rows
+    fresh = y["fresh_process"]
+    assert fresh["nanospa_imported"] is False and set(fresh["rows"]) == set(rows)
+    assert all(d["step_s_median"] > 0 for d in fresh["rows"].values())

@@ -265,13 +265,18 @@ def run_config(name, s, argv, torch):
             result["ratio_nanospa_over_pytorch"] = dict(ratios[headline], yardstick=headline)
             result["ratios_nanospa_over"] = ratios
         if s["torch_fresh"] and rows:   # each row in a process of its own, as in-process (Yardstick)
-            fresh = {}
+            fresh, failed = {}, {}
             for row in rows:
                 one = time_fresh(yard.export, idx, targets, (row,), s["threads"], s["device"],
                                  s["steps"], s["warmup"], s["settle"])
-                fresh = one if "unavailable" in one or not fresh else {**fresh, "rows": {**fresh["rows"], **one["rows"]}}
                 if "unavailable" in one:
-                    break
+                    failed[row] = dict(unavailable=one["unavailable"])
+                else:
+                    fresh = {**one, "rows": {**fresh.get("rows", {}), **one["rows"]}}
+            if fresh:
+                fresh["rows"].update(failed)
+            else:
+                fresh = dict(unavailable=next(iter(failed.values()))["unavailable"])
             for row, d in fresh.get("rows", {}).items():
                 if "times" in d:
                     t = np.asarray(d.pop("times"))
