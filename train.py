@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from data import check_length, check_tokenizer, get_batch, load_dataset, unigram_entropy
 from nanospa import backend
+from nanospa.beyond import blockwise
 from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, RATES, check_optimizer, make_optimizer, rates_for
 from nanospa.config import GPTConfig
 from nanospa.measure import layer_stats, measured_kernels, show
@@ -92,8 +93,11 @@ TRAIN_DEFAULTS = dict(
     top_k=40,                  # sample among the k most likely tokens; 0 = all
 )
 PRESETS = {  # --preset=NAME: applied first, so explicit --key=value settings win
-    # ~0.28 s/step on one H200 (~30k tokens/s). At this depth and width, learning rates of 3e-4
-    # and above diverged within 250 steps; 4e-5 reached val 2.18 at step 450 (1e-4: 2.48).
+    # ~0.28 s/step on one H200 (~30k tokens/s). Its learning rate: the width study (docs/results.md,
+    # "How the learning rate scales") fits vanilla E-SPA's best AdamW rate as
+    # 3.5e-4 (width / 64)^-1.10 (depth / 24)^-1.31 at batch 8 x T 64: 2e-5 here. This batch
+    # carries 16x the tokens; 4e-5, measured on the H200 (val 2.18 at step 450; 1e-4: 2.48;
+    # 3e-4 and above diverged within 250 steps), is within 2x of the rule and below its edge.
     # The default corpus is only 2 MB: runs much longer than this one start to overfit it.
     "gpu": dict(device="cuda", n_layer=36, n_head=8, n_embd=512, block_size=256, batch_size=32,
                 max_iters=2000, eval_interval=250, checkpoint_interval=250, eval_iters=20,
@@ -164,7 +168,6 @@ def train(argv):
         # -- device and seed
         world.use_device(s["device"])                 # cuda: the GPU of this local rank, NCCL
         backend.use(s["device"])                      # DeviceError without CuPy or a GPU
-        threads.set_threads(threads.cpu_threads(s["threads"], B // world.size) if s["device"] == "cpu" else 1)
         rng = np.random.default_rng(s["seed"])        # training batches; saved in checkpoints
 
         # -- data
@@ -182,6 +185,8 @@ def train(argv):
 
         # -- model and init summary
         cfg = GPTConfig(vocab_size=ds.vocab_size, **{k: s[k] for k in MODEL_KEYS})   # the tokenizer's size
+        blocks = blockwise.implementation(cfg) == "blockwise"   # its attention shares blocks among threads
+        threads.set_threads(threads.cpu_threads(s["threads"], B // world.size, blocks) if s["device"] == "cpu" else 1)
         check_fits(cfg, B // world.size, s["device"])    # a size this machine cannot hold: refused now
         model = GPT(cfg, seed=s["seed"])              # ValueError: e.g. an unreachable activation target
         # A checkpoint's arrays are C-ordered; some fresh weights are not (orthogonal init). Loading

@@ -255,9 +255,20 @@ def test_threads_train_slices_of_the_batch_with_the_same_result(tmp_path, text_f
     assert cpu.threads() == 1                                       # restored for the caller
 
 
+def test_one_long_sequence_keeps_its_threads_for_blockwise_attention(tmp_path, text_file, capsys):
+    """A batch of one is one slice; with blockwise attention the other threads share its blocks."""
+    common = ["--max_iters=1", "--eval_interval=1", "--batch_size=1", "--block_size=96", "--threads=2",
+              "--attention_block=32", "--sample_tokens=0"]
+    assert run(tmp_path, text_file, *common, "--attention_impl=blockwise", out="blocks") == 0
+    assert "(2 threads)" in capsys.readouterr().out
+    assert run(tmp_path, text_file, *common, "--attention_impl=dense", out="dense") == 0
+    assert "(1 threads)" in capsys.readouterr().out
+
+
 def test_threads_zero_is_one_per_core_capped():
     assert cpu.cpu_threads(3, batch_size=16) == 3
     assert cpu.cpu_threads(8, batch_size=2) == 2
+    assert cpu.cpu_threads(3, batch_size=1, shares_blocks=True) == 3   # blockwise attention shares its blocks
     assert 1 <= cpu.cpu_threads(0, batch_size=16) <= 4
 
 

@@ -8,7 +8,7 @@ machine. Parallelism is asked for by name, by train.py's --threads, the benchmar
 whose results do not depend on it beyond the order of a sum.
 
     set_threads(n), threads()        the worker count (1 until set)
-    cpu_threads(requested, batch)    what --threads=0 means on this machine
+    cpu_threads(requested, batch, blocks)  what --threads means for this run
     parallel_map(fn, items)          [fn(x) for x in items] on the workers, in order
     slice_bounds(n, k)               where k slices of n batch entries start and end
     balanced_groups(costs, k)        k groups of near-equal cost, the same for the same input
@@ -45,14 +45,16 @@ def set_threads(n):
     return previous
 
 
-def cpu_threads(requested, batch_size):
+def cpu_threads(requested, batch_size, shares_blocks=False):
     """A --threads setting: 0 means one per core this process may use, at most MAX_AUTO_THREADS
     (the Python work between NumPy calls holds the GIL, so many threads on small slices stop
-    paying); never more threads than sequences in a batch."""
+    paying); never more threads than sequences in a batch, unless the model's attention is
+    blockwise (shares_blocks), which shares its blocks among the threads outside the slices:
+    then one long sequence still uses every thread in its attention."""
     if requested == 0:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         requested = min(cores, MAX_AUTO_THREADS)
-    return max(1, min(requested, batch_size))
+    return max(1, requested if shares_blocks else min(requested, batch_size))
 
 
 def in_worker():
