@@ -15,7 +15,8 @@ how resuming works, and every exit status (0 done, 1 diverged, 2 bad input or en
 
 Behind one call each (nanospa/run/): the settings and the out_dir (session.py: lock, log,
 checkpoints, signals, resume), one optimiser step (step.py: micro-batches, threads, MPI,
-clipping), the processes (distributed.py) and the worker threads (threads.py).
+clipping), the processes (distributed.py), the worker threads (threads.py) and the
+allocator's thresholds (malloc.py).
 """
 import os
 
@@ -43,7 +44,7 @@ from nanospa.config import GPTConfig
 from nanospa.measure import layer_stats, measured_kernels, show
 from nanospa.model import GPT
 from nanospa.optim import cosine_lr
-from nanospa.run import distributed, threads
+from nanospa.run import distributed, malloc, threads
 from nanospa.run.fits import check_fits
 from nanospa.run.rundir import Abandoned
 from nanospa.run.session import Diverged, Session, settings_of
@@ -187,6 +188,7 @@ def train(argv):
         cfg = GPTConfig(vocab_size=ds.vocab_size, **{k: s[k] for k in MODEL_KEYS})   # the tokenizer's size
         blocks = blockwise.implementation(cfg) == "blockwise"   # its attention shares blocks among threads
         threads.set_threads(threads.cpu_threads(s["threads"], B // world.size, blocks) if s["device"] == "cpu" else 1)
+        malloc.keep_freed_memory()                    # no page faults from each step's fresh arrays
         check_fits(cfg, B // world.size, s["device"])    # a size this machine cannot hold: refused now
         model = GPT(cfg, seed=s["seed"])              # ValueError: e.g. an unreachable activation target
         # A checkpoint's arrays are C-ordered; some fresh weights are not (orthogonal init). Loading

@@ -50,7 +50,9 @@ threads; the fresh-process row is the check). The GEMM peak is measured the same
 nanospa runs: n single-threaded products at once, or one n-thread product. OpenBLAS also
 reads OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE) when it loads; the report shows them and,
 with threadpoolctl, the kernel OpenBLAS chose, so a run with them unset (``env -u
-OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m nanospa.bench``) can be told apart.
+OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m nanospa.bench``) can be told apart. Like
+train.py, the benchmark keeps freed memory in the process (run/malloc.py, glibc only): PyTorch
+in the same process shares it, PyTorch in the fresh process does not.
 
 Settings are nanospa's --key=value (nanospa/run/settings.py; --help lists them). Every GPTConfig
 field (and batch_size) is a setting too: set explicitly, it overrides every configuration,
@@ -71,6 +73,7 @@ from dataclasses import fields
 import numpy as np
 
 from .. import backend
+from ..run.malloc import keep_freed_memory
 from ..run.threads import set_threads, threads
 from .measure import (CONFIGS, ROWS, GemmProbe, KfacStep, NanospaStep, TorchStep, Yardstick, kfac_flops,
                       make_batch, make_config, model_flops, paired_ratios, time_fresh, time_steps)
@@ -185,7 +188,8 @@ def configure_cpu_threads(n, mode, argv=None):
     threads (run/threads.set_threads) over single-threaded BLAS, mode "blas" one thread over an
     n-thread BLAS. BLAS threads are fixed by OPENBLAS_NUM_THREADS: when ``argv`` (the command
     line) is given and the variable differs, the command is re-run with it set before NumPy
-    loads; otherwise threadpoolctl changes them if installed. Returns what was set."""
+    loads; otherwise threadpoolctl changes them if installed. Freed memory is kept in the
+    process (run/malloc.py), as train.py keeps it. Returns what was set."""
     blas = 1 if mode == "shards" else n
     set_threads(n if mode == "shards" else 1)
     how = "OPENBLAS_NUM_THREADS"
@@ -197,7 +201,8 @@ def configure_cpu_threads(n, mode, argv=None):
         how = "threadpoolctl" if tpc is not None else "not set (no threadpoolctl)"
         if tpc is not None:
             tpc.ThreadpoolController().select(internal_api="openblas").limit(limits=blas)
-    info = dict(mode=mode, nanospa_threads=threads(), blas_threads=blas, blas_threads_set_by=how)
+    info = dict(mode=mode, nanospa_threads=threads(), blas_threads=blas, blas_threads_set_by=how,
+                freed_memory_kept=keep_freed_memory())
     tpc = _threadpoolctl()
     if tpc is not None:
         info["libraries"] = [{k: d.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}

@@ -135,6 +135,7 @@ def format_report(report):
                      f"({th['mode']}; BLAS threads by {th['blas_threads_set_by']})"
                      + (f"; numpy's OpenBLAS {blas[0]['version']} kernel {blas[0]['architecture']}" if blas else "")
                      + f"; OPENBLAS_CORETYPE={m['env']['OPENBLAS_CORETYPE']}"
+                     + ("; freed memory kept (run/malloc.py)" if th.get("freed_memory_kept") else "")
                      + (f"; torch {m['torch_threads']} threads, BLAS {m.get('torch_blas')}"
                         if m.get("torch_threads") is not None else ""))
     for r in report["results"]:

@@ -222,7 +222,9 @@ def train_job(job):
     from .. import backend
     from ..config import GPTConfig
     from .common import train_run
+    from ..run.malloc import keep_freed_memory
     backend.use(job["device"])
+    keep_freed_memory()                    # as train.py: no page faults from each step's arrays
     ds = _dataset(job["data"], job.get("tokenizer", "byte"))
     cfg = GPTConfig(**job["config"])
     r = train_run(cfg, ds.train, ds.val, steps=job["steps"], lr=job["lr"], seed=job["seed"],
@@ -236,8 +238,7 @@ def train_job(job):
 
 
 def _pool(workers):
-    """Spawned, single-threaded workers: BLAS threads (or a model's automatic batch slices)
-    would fight over the few cores."""
+    """Spawned, single-threaded workers: BLAS threads would fight over the few cores."""
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
