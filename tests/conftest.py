@@ -1,5 +1,7 @@
+import importlib.util
 import os
 import pathlib
+import sys
 import urllib.error
 import urllib.request
 
@@ -13,6 +15,7 @@ SHARED_DATA = pathlib.Path(os.environ.get(
     "NANOSPA_SHARED_DATA", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 DEVICES = ["cpu"] + (["cuda"] if backend.cuda_available() else [])
+STANDIN = pathlib.Path(__file__).resolve().parent / "cupy_standin"   # the strict CuPy stand-in
 
 
 def shared_file(name):
@@ -34,6 +37,42 @@ def _cpu_device():
     backend.use("cpu")
     yield
     backend.use("cpu")
+
+
+# ----------------------------------------------------------------------------- the GPU, stood in
+
+def standin_module():
+    """tests/cupy_standin/standin.py, loaded once per process (its counters are per process)."""
+    if "standin" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("standin", STANDIN / "standin.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["standin"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["standin"]
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """Device "cuda" on the strict CuPy stand-in for this test (tests/cupy_standin): nanospa's
+    backend sees it as CuPy with one GPU. Yields the stand-in (counts(), reset())."""
+    st = standin_module()
+    saved = st.install()
+    monkeypatch.setattr(backend, "_cp", sys.modules["cupy"])
+    backend.use("cuda")
+    st.reset()
+    try:
+        yield st
+    finally:
+        backend.use("cpu")
+        st.uninstall(saved)
+
+
+def standin_env(**extra):
+    """The environment of a subprocess that runs on the stand-in: tests/cupy_standin first on
+    PYTHONPATH, so that `import cupy` finds it."""
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(STANDIN), str(STANDIN.parent.parent), env.get("PYTHONPATH", "")])
+    return env
 
 
 # ----------------------------------------------------------------------------- op tables
