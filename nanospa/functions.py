@@ -59,7 +59,7 @@ class Div(Function):
     def backward(ctx, g):
         b, out = ctx.saved
         ga = g / b
-        return ga, -ga * out  # d(a/b)/db = -a/b^2 = -(1/b)(a/b)
+        return ga, -ga * out if ctx.needs_grad(1) else None  # d(a/b)/db = -a/b^2 = -(1/b)(a/b)
 
 
 class Neg(Function):

@@ -26,7 +26,7 @@ _MASKS = {}
 def causal_mask(xp, T, dtype):
     """Additive (T, T) mask: 0 on and below the diagonal, -inf above it (the entries a causal
     row cannot see). Cached per module, length and dtype: every layer asks for the same one."""
-    key = (xp.__name__, T, xp.dtype(dtype).str)
+    key = (xp, T, xp.dtype(dtype).str)
     if key not in _MASKS:
         _MASKS[key] = xp.triu(xp.full((T, T), -math.inf, dtype=dtype), k=1)
     return _MASKS[key]

@@ -129,7 +129,7 @@ class Attention(Module):
             elif self.impl == "dense":
                 self.register_buffer("B", weight(np.tril(signal.bias_block(parts, 0, T, 0, T)), dt))
             else:
-                self.bias_parts = parts
+                self.bias_parts = positions.on_device(parts)        # O(T) arrays, copied once
             if cfg.attention in SPA:                                 # the prior's D_l is not used
                 self.register_buffer("D", weight(D, dt))
 
@@ -175,9 +175,9 @@ class Attention(Module):
 
     def generated_bias(self, i0, i1, j0, j1):
         """B_l[i0:i1, j0:j1] from the O(T) parts (signal.bias_block: float64, rounded once to
-        the model's dtype), plus ALiBi's -m_h (i - j) per head when set, on the model's
-        device. On a GPU each block is made on the host and copied over."""
-        return backend.asarray(positions.fixed_bias(self.bias_parts, self.alibi, i0, i1, j0, j1, self.dtype))
+        the model's dtype), plus ALiBi's -m_h (i - j) per head when set, made on the model's
+        device from parts kept there."""
+        return positions.fixed_bias(self.bias_parts, self.alibi, i0, i1, j0, j1, self.dtype)
 
     def effective_attention(self, P, T):
         """The matrix that multiplies the values: diag(D) P (SPA), alpha I + beta P, or P."""
@@ -282,13 +282,13 @@ class GPT(Module):
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         x = self.wte(idx)                                   # (B, T) -> (B, T, C)
         if self.wpe is not None:
-            x = x + self.wpe(np.arange(T))                  # + (T, C)
+            x = x + self.wpe.weight[:T]                     # + (T, C): rows 0..T-1, no index array
         elif self.config.pos == "sinusoidal":
             x = x + Tensor(self.pe[:T])
         return x
 
     def forward(self, idx, targets=None, record=None):
-        idx = _as_index(idx, "idx", self.config.vocab_size)
+        idx, targets = _token_ids(idx, targets, self.config.vocab_size)   # on the model's device
         x = self.embed(idx)
         if record is not None:
             record.hidden.append(backend.to_numpy(x.data))
@@ -303,10 +303,6 @@ class GPT(Module):
         if self.ln_f is not None:
             x = self.ln_f(x)
         logits = self.head(x)                               # (B, T, V)
-        if targets is not None:
-            targets = _as_index(targets, "targets", self.config.vocab_size)
-            if targets.shape != idx.shape:
-                raise ValueError(f"targets of shape {tuple(targets.shape)} should match idx's {tuple(idx.shape)}")
         loss = None if targets is None else fused.cross_entropy(logits, targets)
         return logits, loss
 
@@ -364,6 +360,29 @@ def _as_index(idx, name, vocab_size):
     """idx as a (B, T) integer array of the model's device, every id in [0, vocab_size): a
     padding id such as -1 would otherwise be read as the last token (nanospa has no ignore
     index), and an empty batch would give a loss of 0."""
+    return backend.asarray(_checked_ids(idx, name, vocab_size))
+
+
+def _token_ids(idx, targets, vocab_size):
+    """forward's idx and targets (or None), each checked as _as_index checks it and of one
+    shape, on the model's device. Two host arrays cross to the device as one copy (stacked):
+    a training step's only host-to-device copy."""
+    idx = _checked_ids(idx, "idx", vocab_size)
+    if targets is None:
+        return backend.asarray(idx), None
+    targets = _checked_ids(targets, "targets", vocab_size)
+    if targets.shape != idx.shape:
+        raise ValueError(f"targets of shape {tuple(targets.shape)} should match idx's {tuple(idx.shape)}")
+    if not backend.is_device_array(idx) and not backend.is_device_array(targets):
+        both = backend.asarray(np.stack([idx, targets]))   # (2, B, T): one copy
+        return both[0], both[1]
+    return backend.asarray(idx), backend.asarray(targets)
+
+
+def _checked_ids(idx, name, vocab_size):
+    """idx (a Tensor, a host or a device array) as an array where it is, or ValueError naming
+    the problem. The range of a device array is read back once (its minimum and maximum
+    together); a host array's costs nothing."""
     idx = idx.data if isinstance(idx, Tensor) else idx
     if not backend.is_device_array(idx):
         idx = np.asarray(idx)
@@ -372,8 +391,9 @@ def _as_index(idx, name, vocab_size):
     if idx.ndim != 2 or 0 in idx.shape:
         raise ValueError(f"{name}: expected a (batch, time) array of token ids with both sizes at least 1, "
                          f"got shape {tuple(idx.shape)}" + (" (add a batch axis: idx[None])" if idx.ndim == 1 else ""))
-    low, high = int(idx.min()), int(idx.max())
+    xp = backend.xp_of(idx)
+    low, high = (int(v) for v in backend.to_numpy(xp.stack([idx.min(), idx.max()])))
     if low < 0 or high >= vocab_size:
         raise ValueError(f"{name}: token ids must lie in [0, vocab_size={vocab_size}), got {low}..{high}"
                          + (" (nanospa has no padding id: crop or mask the batch instead)" if low < 0 else ""))
-    return backend.asarray(idx)
+    return idx

@@ -171,23 +171,30 @@ def _check_betas(betas):
 
 
 def global_grad_norm(params):
-    """sqrt of the sum of squared gradients over all parameters (one device sync)."""
-    total = 0.0
-    for p in params:
-        if p.grad is not None:
-            g = p.grad
-            total += float((g * g).sum())
-    return math.sqrt(total)
+    """sqrt of the sum of squared gradients over all parameters, as a 0-d float64 array of the
+    gradients' module: on a GPU it stays there, so that reading it (float(norm)) is one device
+    sync for the whole model. Each parameter's sum of squares is taken in its own dtype, and the
+    sums are added in parameter order in float64."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return np.zeros((), dtype=np.float64)
+    xp = backend.xp_of(*grads)
+    sums = xp.stack([(g * g).sum().astype(xp.float64) for g in grads])   # (n_params,)
+    return xp.sqrt(xp.cumsum(sums)[-1])        # cumsum: added one by one, in order
 
 
 def clip_grad_norm(params, max_norm):
-    """Scale all gradients by min(1, max_norm / global norm). Returns the norm before clipping."""
+    """Scale all gradients by min(1, max_norm / global norm) (max_norm > 0; 0: no clipping).
+    Returns the norm before clipping, a 0-d float64 array (global_grad_norm): the scale is
+    computed where the gradients are, so that nothing is read back to the host here."""
     norm = global_grad_norm(params)
-    if max_norm > 0 and norm > max_norm and math.isfinite(norm):
-        scale = max_norm / (norm + CLIP_EPS)
+    if max_norm > 0:
+        xp = backend.xp_of(norm)
+        clip = (norm > max_norm) & xp.isfinite(norm)
+        scale = xp.where(clip, max_norm / (norm + CLIP_EPS), 1.0)     # exactly 1: no change
         for p in params:
             if p.grad is not None:
-                p.grad = p.grad * scale  # not in place: one array can be several leaves' grad
+                p.grad = p.grad * scale.astype(p.grad.dtype)   # not in place: one array can be several leaves' grad
     return norm
 
 

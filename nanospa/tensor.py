@@ -84,23 +84,21 @@ class Function:
         ref = next((t for t in inputs if isinstance(t, Tensor)), None)
         if ref is None:
             raise TypeError(f"{cls.__name__}: needs at least one Tensor input")
-        # Python numbers become 0-d arrays of the reference dtype: no float64 promotion.
-        tensors = tuple(t if isinstance(t, Tensor) else Tensor(_constant(t, ref.data)) for t in inputs)
-        arrays = [t.data for t in tensors]
+        arrays = [t.data if isinstance(t, Tensor) else _constant(t, ref.data) for t in inputs]
         ctx = cls()
         ctx.xp = backend.xp_of(*arrays)
         try:
             out = ctx.forward(*arrays, **options)
         except ValueError as e:  # shape mismatches and the like: name the op and the shapes
-            shapes = ", ".join(str(tuple(a.shape)) for a in arrays)
+            shapes = ", ".join(str(tuple(getattr(a, "shape", ()))) for a in arrays)
             raise ValueError(f"{cls.__name__}: {e} (input shapes {shapes})") from None
-        needs = _grad_enabled and any(t.requires_grad for t in tensors)
+        needs = _grad_enabled and any(t.requires_grad for t in inputs if isinstance(t, Tensor))
         result = Tensor(out, requires_grad=needs)
         if needs:
             # per input: the Function that made it, the leaf itself, or None (a constant)
-            ctx.parents = tuple(t._ctx if t._ctx is not None else (t if t.requires_grad else None)
-                                for t in tensors)
-            ctx.shapes = tuple(a.shape for a in arrays)
+            ctx.parents = tuple((t._ctx if t._ctx is not None else (t if t.requires_grad else None))
+                                if isinstance(t, Tensor) else None for t in inputs)
+            ctx.shapes = tuple(getattr(a, "shape", ()) for a in arrays)
             result._ctx = ctx
         return result
 
@@ -114,8 +112,15 @@ class Function:
 
 
 def _constant(value, like):
-    """A non-Tensor operand as an array of ``like``'s module; floating constants take
-    ``like``'s dtype, so a float64 constant never promotes a float32 graph."""
+    """A non-Tensor operand of an op. A Python number stays a Python number: NumPy and CuPy
+    apply it in ``like``'s dtype (a "weak" scalar: float32 stays float32) and on a GPU as a
+    kernel argument, with no copy to the device; a NumPy scalar becomes one (NumPy 2 would
+    promote float32 by a float64 scalar). Arrays are moved to ``like``'s module, floating ones
+    cast to ``like``'s dtype."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, np.generic) and value.dtype.kind in "fiub":
+        return value.item()
     xp = backend.xp_of(like)
     value = xp.asarray(value)
     if like.dtype.kind == "f" and value.dtype.kind in "fiub" and value.dtype != like.dtype:
@@ -173,6 +178,8 @@ class Tensor:
                                    "an explicit gradient of the same shape")
             grad = xp.ones_like(self.data)
         else:
+            if isinstance(grad, (int, float)):              # a weight: made on the device, not copied
+                grad = xp.full((), grad, dtype=self.dtype)
             grad = grad.data if isinstance(grad, Tensor) else xp.asarray(grad, dtype=self.dtype)
             if grad.shape != self.data.shape:
                 raise ValueError(f"backward: gradient shape {tuple(grad.shape)} does not match "

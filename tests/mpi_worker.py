@@ -108,7 +108,7 @@ def main(argv):
         if s["plant"] == "sum_not_mean":               # forget the 1/N: the planted error of the tests
             for p in params:
                 p.grad = p.grad * world.size
-        norms.append(clip_grad_norm(params, s["grad_clip"]))   # the global norm, before clipping
+        norms.append(float(clip_grad_norm(params, s["grad_clip"])))   # the global norm, before clipping
         losses.append(world.mean(loss.item()))
         opt.step()
         opt.zero_grad()

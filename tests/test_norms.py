@@ -189,12 +189,13 @@ def test_running_statistics_move_once_per_step_with_the_momentum(causal):
 
 
 def test_the_fold_does_not_depend_on_the_order_slices_finished():
-    """Three slices' statistics in two orders give bit-identical running statistics; the
-    means below are chosen so that plain left-to-right sums differ with the order."""
+    """Three slices' statistics (slice index, tokens, mean, var) arriving in two orders give
+    bit-identical running statistics; the means below are chosen so that plain left-to-right
+    sums differ with the order (without the fold's sort by slice this test fails)."""
     def fold(order):
         bn = BatchNorm(1, dtype="float64")
-        entries = [(4, np.array([[[1e16]]]), np.array([[[1.0]]])), (4, np.array([[[-1e16]]]), np.array([[[2.0]]])),
-                   (4, np.array([[[1.0]]]), np.array([[[3.0]]]))]
+        entries = [(0, 4, np.array([[[1e16]]]), np.array([[[1.0]]])), (1, 4, np.array([[[-1e16]]]), np.array([[[2.0]]])),
+                   (2, 4, np.array([[[1.0]]]), np.array([[[3.0]]]))]
         bn.pending = [entries[i] for i in order]
         bn.after_step()
         return bn.running_mean.copy(), bn.running_var.copy()

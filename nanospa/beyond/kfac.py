@@ -41,6 +41,7 @@ from ..tensor import Function, no_grad
 FISHER_MODES = ("sampled", "empirical", "exact")
 DAMPING_MODES = ("factored", "exact")
 INVERSE_DTYPES = ("float64", "float32")
+TINY_VG = 1e-300    # the KL clip's lr^2 sum d . g where it is <= 0 (then no clipping): never a division by 0
 SETTINGS = {  # the constructor's checks: name -> (test, what a good value is)
     "lr": (lambda v: _finite(v) and v >= 0, "finite and >= 0"), "damping": (lambda v: _finite(v) and v > 0, "finite and > 0"),
     "ema": (lambda v: 0 <= v < 1, "in [0, 1)"), "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
@@ -250,6 +251,7 @@ class KFAC:
         if self.fisher == "empirical" and targets is None:
             raise ValueError("K-FAC fisher='empirical' needs the batch's targets")
         u = np.random.default_rng([self.seed, self.t]).random(m * int(np.prod(idx.shape[1:])))
+        u = backend.asarray(u)                               # drawn on the host (the same on every device): one copy
         lo_r, hi_r = slice_bounds(m, size)[rank:rank + 2]
         rows = hi_r - lo_r
         k = max(1, min(rows, max(threads(), -(-rows // max_rows) if max_rows else 1)))
@@ -303,7 +305,7 @@ class KFAC:
             weight = xp.sqrt(V * p[xp.arange(z.shape[0]), k])
         elif self.fisher == "sampled":
             per_seq = z.shape[0] // (hi - lo)               # the slice's tokens in u's order
-            k = sample_targets(p, xp.asarray(u[lo * per_seq:hi * per_seq], dtype=p.dtype))
+            k = sample_targets(p, u[lo * per_seq:hi * per_seq].astype(p.dtype))
         else:
             k = xp.asarray(targets).reshape(-1)
         dz = output_gradients(p, k, weight)
@@ -317,7 +319,7 @@ class KFAC:
         xp = backend.xp_of(sums.xx)
         xx = sums.xx
         if with_bias:
-            n = xp.asarray([sums.rows], dtype=xx.dtype)
+            n = xp.full((1,), sums.rows, dtype=xx.dtype)     # made on the device, not copied
             xx = xp.concatenate([xp.concatenate([xx, sums.xs[:, None]], axis=1),
                                  xp.concatenate([sums.xs, n])[None, :]], axis=0)
         rows = sums.rows if seqs is None or size == 1 else sums.rows // seqs * m / size   # per-rank share of all
@@ -365,14 +367,15 @@ class KFAC:
             self.refresh_inverses()
         self.t += 1
         directions = self.precondition()
-        nu = 1.0
+        nu = None
         if self.kl_clip > 0 and directions:                 # Ba et al. 2017: lr^2 sum d . g
-            vg = sum(float((d * self.params[i].grad).sum()) for i, d in directions.items())
-            vg *= self.lr ** 2
-            nu = min(1.0, math.sqrt(self.kl_clip / vg)) if vg > 0 else 1.0
+            xp = backend.xp_of(*directions.values())        # on the device: nothing read back
+            vg = xp.cumsum(xp.stack([(d * self.params[i].grad).sum().astype(xp.float64)
+                                     for i, d in directions.items()]))[-1] * self.lr ** 2   # summed in order
+            nu = xp.where(vg > 0, xp.minimum(1.0, xp.sqrt(self.kl_clip / xp.maximum(vg, TINY_VG))), 1.0)
         for i, d in directions.items():
             p = self.params[i]
-            d = d * nu if nu != 1.0 else d
+            d = d * nu.astype(d.dtype) if nu is not None else d
             self.mom[i] = d if self.mom[i] is None else self.mom[i] * self.momentum + d
             if self.weight_decay and not getattr(p, "no_decay", False):
                 p.data *= 1.0 - self.lr * self.weight_decay

@@ -17,8 +17,9 @@ al. 2024), and GroupNorm. Shapes: x (B, T, C); a statistic is per channel.
 
 Running statistics move once per optimiser step (after_step), not per forward: the
 training forwards of a step record their (count, mean, var); after_step averages them,
-weighted by count, in an order fixed by their values (not by which worker thread finished
-first), and updates running <- (1 - momentum) running + momentum average. With threads
+weighted by count, in the order of the batch's slices (run/threads.current_slice, not by which
+worker thread finished first), and updates running <- (1 - momentum) running + momentum
+average, on the device, with nothing read back. With threads
 (run/threads.sharded_backward) or MPI ranks each slice normalises by its own batch statistics,
 as per-device BatchNorm does: the loss depends on how the batch is split, deterministically.
 Under MPI every rank keeps its own running statistics (rank 0's are checkpointed).
@@ -34,6 +35,7 @@ import numpy as np
 from .. import backend
 from ..fused import LAYER_NORM_EPS, layer_norm
 from ..nn import LayerNorm, Module, Parameter
+from ..run.threads import current_slice
 from ..signal import BATCH_NORM_EPS, DYT_ALPHA
 from ..tensor import Function, Tensor
 
@@ -123,12 +125,12 @@ class BatchNorm(Module):
         rows = block_size if causal else 1
         self.register_buffer("running_mean", backend.asarray(np.zeros((rows, dim)), dtype=dtype))
         self.register_buffer("running_var", backend.asarray(np.ones((rows, dim)), dtype=dtype))
-        self.pending = []           # (tokens, mean, var) of this step's training forwards
+        self.pending = []           # (slice, tokens, mean, var) of this step's training forwards
 
     def forward(self, x):
         if self.training:
             shift, mean, var, n = batch_stats(x.data, self.causal)
-            self.pending.append((x.shape[0] * x.shape[1], shift + mean, var))   # list.append: thread-safe
+            self.pending.append((current_slice(), x.shape[0] * x.shape[1], shift + mean, var))   # thread-safe
             return BatchNormOp.apply(x, self.weight, self.bias, shift=shift, mean=mean, var=var, n=n,
                                      causal=self.causal, eps=self.eps)
         rows = slice(0, x.shape[1]) if self.causal else slice(0, 1)
@@ -137,15 +139,15 @@ class BatchNorm(Module):
 
     def after_step(self):
         """Fold the pending batch statistics into the running ones, one momentum update per
-        window length: their token-weighted mean, summed in the order of their bytes."""
+        window length: their token-weighted mean, summed in the order of the batch's slices
+        (each slice's own forwards in the order they ran)."""
         pending, self.pending = self.pending, []
-        pending.sort(key=lambda e: (e[1].shape[1], backend.to_numpy(e[1]).tobytes(),
-                                    backend.to_numpy(e[2]).tobytes()))
-        for T in sorted({e[1].shape[1] for e in pending}):
-            group = [e for e in pending if e[1].shape[1] == T]
-            total = float(sum(e[0] for e in group))
-            mean = sum(e[1][0] * (e[0] / total) for e in group)          # (T, C) or (1, C)
-            var = sum(e[2][0] * (e[0] / total) for e in group)
+        pending.sort(key=lambda e: (e[2].shape[1], e[0]))            # stable: a slice keeps its order
+        for T in sorted({e[2].shape[1] for e in pending}):
+            group = [e for e in pending if e[2].shape[1] == T]
+            total = float(sum(e[1] for e in group))
+            mean = sum(e[2][0] * (e[1] / total) for e in group)          # (T, C) or (1, C)
+            var = sum(e[3][0] * (e[1] / total) for e in group)
             m = self.momentum
             rm, rv = self.running_mean.copy(), self.running_var.copy()
             rm[:T], rv[:T] = rm[:T] * (1.0 - m) + mean * m, rv[:T] * (1.0 - m) + var * m
@@ -167,10 +169,16 @@ class PRepBN(Module):
         self.bn = BatchNorm(dim, causal=causal, block_size=block_size, dtype=dtype)
         self.eta = Parameter(np.full(1, float(eta0)), dtype=dtype, no_decay=True)
         self.register_buffer("steps_done", np.zeros(1, dtype=np.int64))
+        object.__setattr__(self, "_done", 0)
+
+    def __setattr__(self, name, value):
+        if name == "steps_done":               # set here, or loaded from a checkpoint: kept on the
+            object.__setattr__(self, "_done", int(backend.to_numpy(value)[0]))   # host too (one read)
+        super().__setattr__(name, value)
 
     @property
     def lam(self):
-        s = int(self.steps_done[0])
+        s = self._done                          # the host's copy: no device read per forward
         return 1.0 - min(s, self.steps) / self.steps if self.steps else 0.0
 
     def forward(self, x):
@@ -183,7 +191,10 @@ class PRepBN(Module):
         return self.ln(x) * lam + rep * (1.0 - lam)
 
     def after_step(self):
-        self.steps_done = self.steps_done + 1
+        xp = backend.xp_of(self.steps_done)
+        object.__setattr__(self, "_done", self._done + 1)
+        self._buffers["steps_done"] = xp.full(1, self._done, dtype=np.int64)   # made where it lives
+        object.__setattr__(self, "steps_done", self._buffers["steps_done"])
 
 
 class GroupNorm(Module):

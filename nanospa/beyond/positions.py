@@ -4,7 +4,7 @@ stored B_l) as the blocks model.Attention's dense and blockwise paths ask for.
 
     Rope                 the Function: y = R_t x, forward above backward, on raw xp arrays
     rope(x, cos, sin)    its Tensor spelling; rope_tables(cfg) the (cos, sin) it needs
-    alibi_slopes(cfg)    ALiBi's slopes m_h for pos="alibi", else None
+    alibi_slopes(cfg)    ALiBi's slopes m_h for pos="alibi" (on the current device), else None
     fixed_bias(parts, slopes, i0, i1, j0, j1, dtype)
                          block [i0:i1, j0:j1] of SPA's (or the prior's) B_l from its O(T) parts,
                          plus -m_h (i - j) per head: (n, w), or (H, n, w) with ALiBi
@@ -66,7 +66,7 @@ def rope(x, cos, sin):
 
 
 @functools.lru_cache(maxsize=None)
-def _tables(T, D, dtype, device):
+def _tables(T, D, dtype, xp):
     angles = rope_angles(T, D)                                  # (T, D/2) float64
     return backend.asarray(np.cos(angles), dtype=dtype), backend.asarray(np.sin(angles), dtype=dtype)
 
@@ -77,22 +77,32 @@ def rope_tables(cfg):
     else None."""
     if cfg.pos != "rope":
         return None
-    return _tables(cfg.block_size, cfg.n_embd // cfg.n_head, cfg.dtype, backend.xp().__name__)
+    return _tables(cfg.block_size, cfg.n_embd // cfg.n_head, cfg.dtype, backend.xp())
 
 
 def alibi_slopes(cfg):
-    """ALiBi's slopes (n_head,) float64 for pos="alibi", else None."""
-    return signal_alibi_slopes(cfg.n_head) if cfg.pos == "alibi" else None
+    """ALiBi's slopes (n_head,) float64 on the current device for pos="alibi", else None."""
+    return backend.asarray(signal_alibi_slopes(cfg.n_head)) if cfg.pos == "alibi" else None
 
 
 def fixed_bias(parts, slopes, i0, i1, j0, j1, dtype):
-    """The constant logit bias of block [i0:i1, j0:j1] as a host array of `dtype`: B_l from
-    its O(T) parts (bias_block, -inf above the diagonal; parts None: none), plus ALiBi's
+    """The constant logit bias of block [i0:i1, j0:j1] as an array of `dtype`, made where
+    the parts and slopes are (on a GPU, on it: nothing is copied per block): B_l from its
+    O(T) parts (bias_block, -inf above the diagonal; parts None: none), plus ALiBi's
     -m_h (i - j) when slopes is given, which makes it (H, n, w). Computed in float64 and
     rounded once; without slopes exactly bias_block(parts, ..., dtype)."""
+    arrays = [v for v in (parts or {}).values() if hasattr(v, "shape")] + ([] if slopes is None else [slopes])
+    xp = backend.xp_of(*arrays)
     if slopes is None:
-        return bias_block(parts, i0, i1, j0, j1, dtype)
-    alibi = alibi_bias(slopes, i0, i1, j0, j1)                  # (H, n, w) float64
+        return bias_block(parts, i0, i1, j0, j1, dtype, xp=xp)
+    alibi = alibi_bias(slopes, i0, i1, j0, j1, xp=xp)          # (H, n, w) float64
     if parts is not None:
-        alibi = alibi + bias_block(parts, i0, i1, j0, j1)
+        alibi = alibi + bias_block(parts, i0, i1, j0, j1, xp=xp)
     return alibi.astype(dtype, copy=False)
+
+
+def on_device(parts):
+    """A layer's bias parts (signal.layer_bias's dict of float64 arrays) with each array on
+    the current device, once, when the model is built: the blocks are then made there."""
+    return None if parts is None else {k: backend.asarray(v) if isinstance(v, np.ndarray) else v
+                                       for k, v in parts.items()}

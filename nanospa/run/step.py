@@ -20,6 +20,10 @@ On the batch (x, y) of N sequences (host arrays (N, T)), in order:
        the gradient norm are finite: a caller that sees a non-finite value stops with the
        state it had.
 
+On a GPU the step reads one pair of numbers back to the host (the loss and the gradient norm,
+together) and copies one array to the device per micro-batch (its token ids and targets:
+model.GPT.forward); nothing else crosses, whatever the depth or length (tests/test_gpu.py).
+
 Step 1 changes no state but the parameters' .grad: it runs inside the context manager
 `gradients` when one is given (train.py's: a signal abandons the step there, at once).
 
@@ -29,6 +33,7 @@ a run does with a non-finite value (train.py: exit 1; the experiments: the run d
 import contextlib
 import math
 
+from .. import backend
 from ..optim import clip_grad_norm
 from .distributed import World
 from .threads import sharded_backward, slice_bounds
@@ -40,18 +45,21 @@ def train_step(model, optimizer, x, y, grad_clip=0.0, accum=1, world=SINGLE, gra
     n = len(x)
     if not isinstance(accum, int) or isinstance(accum, bool) or not 1 <= accum <= n:
         raise ValueError(f"accum must be an integer in [1, {n}] (the batch's sequences), got {accum!r}")
-    loss = 0.0
+    loss = 0.0                                                # on the model's device until the read below
     bounds = slice_bounds(n, accum)
     with gradients or contextlib.nullcontext():
         for lo, hi in zip(bounds, bounds[1:]):                   # micro-batches, in order
             xs, ys = world.shard(x[lo:hi]), world.shard(y[lo:hi])  # this rank's share of each
-            loss += sharded_backward(lambda a, b: model(a, b)[1], xs, ys, weight=(hi - lo) / n).item()
+            part = sharded_backward(lambda a, b: model(a, b)[1], xs, ys, weight=(hi - lo) / n)
+            loss = loss + part.data.astype("float64")         # float64, added in order
     update_curvature = getattr(optimizer, "update_curvature", None)
     if update_curvature is not None:                          # K-FAC: leaves .grad alone
         update_curvature(x, y, rank=world.rank, size=world.size, max_rows=max(1, n // accum // world.size))
     params = model.parameters()
     world.allreduce_grads(params)                             # the global batch's mean gradient
     norm = clip_grad_norm(params, grad_clip)
+    xp = backend.xp_of(norm)
+    loss, norm = (float(v) for v in backend.to_numpy(xp.stack([loss, norm])))   # the step's one read
     loss = world.mean(loss)
     if math.isfinite(loss) and math.isfinite(norm):
         optimizer.step()

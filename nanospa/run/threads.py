@@ -13,6 +13,7 @@ whose results do not depend on it beyond the order of a sum.
     slice_bounds(n, k)               where k slices of n batch entries start and end
     balanced_groups(costs, k)        k groups of near-equal cost, the same for the same input
     sharded_backward(loss_fn, *batch)   one backward of a batch-mean loss, by slices
+    current_slice()                  which slice of sharded_backward this thread is running
 
 Each worker should call single-threaded BLAS, or threads x BLAS threads compete for the
 cores: train.py sets OPENBLAS_NUM_THREADS=1 before NumPy loads (BLAS reads it once).
@@ -20,6 +21,7 @@ cores: train.py sets OPENBLAS_NUM_THREADS=1 before NumPy loads (BLAS reads it on
 import os
 import threading
 
+from .. import backend
 from ..tensor import Tensor
 
 MAX_AUTO_THREADS = 4   # cpu_threads(0, ...): one per core, at most this many
@@ -55,6 +57,13 @@ def cpu_threads(requested, batch_size, shares_blocks=False):
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         requested = min(cores, MAX_AUTO_THREADS)
     return max(1, requested if shares_blocks else min(requested, batch_size))
+
+
+def current_slice():
+    """The index of the slice of sharded_backward that the calling thread is running (0 outside
+    one): a key that orders what slices record (BatchNorm's statistics) the same way whatever
+    thread finished first, with nothing read from a device."""
+    return getattr(_worker, "slice", 0)
 
 
 def in_worker():
@@ -94,6 +103,7 @@ class _Workers:
         while True:
             fn, x, call = self.jobs.get()
             if not call["dropped"]:
+                backend.bind_thread()                # the GPU the process chose (CuPy's is per thread)
                 try:
                     call["results"][x] = (True, fn(call["items"][x]))
                 except BaseException as e:          # noqa: BLE001 -- handed to the caller
@@ -155,10 +165,14 @@ def sharded_backward(loss_fn, *batch, slices=None, weight=1.0):
 
     def run(s):
         lo, hi = bounds[s], bounds[s + 1]
-        loss = loss_fn(*(b[lo:hi] for b in batch))
-        w = weight * (hi - lo) / n
-        grads = {}
-        loss.backward(w, leaf_grads=grads)
+        outer, _worker.slice = current_slice(), s
+        try:
+            loss = loss_fn(*(b[lo:hi] for b in batch))
+            w = weight * (hi - lo) / n
+            grads = {}
+            loss.backward(w, leaf_grads=grads)
+        finally:
+            _worker.slice = outer
         return loss.data * w, grads
 
     total = None

@@ -24,7 +24,6 @@ Notation (docs/method.md §1, §7.2, §8)
     lse         log D, the row normaliser of B (one of the parts)
 """
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from .kernels import check_T, flush
 
@@ -93,17 +92,17 @@ def _espa(v, c, logD):
     return {"kind": "espa", "u": u, "c": c, "lse": logD}
 
 
-def _toeplitz_block(u, c, shift, i0, i1, j0, j1, out=None, dtype=np.float64):
+def _toeplitz_block(u, c, shift, i0, i1, j0, j1, out=None, dtype=np.float64, xp=np):
     """Rows [i0, i1), columns [j0, j1) of M[i, j] = v[i - j] - shift[i] (j <= i; -inf above
     the diagonal) with column 0 replaced by c[i] - shift[i], where u = v reversed and padded
     with T - 1 entries -inf: row i of M is the contiguous slice u[T-1-i+j0 : T-1-i+j1], so
     the block is one fused pass over a strided view (no index arrays). Computed in float64
     and rounded once if out/dtype is narrower."""
     T, w = c.size, j1 - j0
-    view = sliding_window_view(u, w)[T - i1 + j0:T - i0 + j0][::-1]     # (i1 - i0, w)
+    view = xp.lib.stride_tricks.sliding_window_view(u, w)[T - i1 + j0:T - i0 + j0][::-1]   # (i1 - i0, w)
     if out is None:
-        out = np.empty((i1 - i0, w), dtype=dtype)
-    np.subtract(view, shift[i0:i1, None], out=out, casting="same_kind")
+        out = xp.empty((i1 - i0, w), dtype=dtype)
+    xp.subtract(view, shift[i0:i1, None], out=out, casting="same_kind")
     if j0 == 0:
         out[:, 0] = c[i0:i1] - shift[i0:i1]
     return out
@@ -185,13 +184,13 @@ def uspa_bias(T, rho, rho_prev):
     return {"kind": "uspa", "phi": phi, "psi": psi, "diag": diag, "lse": np.log(D)}
 
 
-def _uspa_block(p, i0, i1, j0, j1):
+def _uspa_block(p, i0, i1, j0, j1, xp=np):
     """A[i0:i1, j0:j1] of U-SPA from its parts, float64: phi_j - psi_i below the diagonal,
     diag_i on it, 0 above."""
-    i, j = np.arange(i0, i1)[:, None], np.arange(j0, j1)[None, :]
-    A = np.subtract(p["phi"][None, j0:j1], p["psi"][i0:i1, None])  # (n, w), valid for j < i
+    i, j = xp.arange(i0, i1)[:, None], xp.arange(j0, j1)[None, :]
+    A = xp.subtract(p["phi"][None, j0:j1], p["psi"][i0:i1, None])  # (n, w), valid for j < i
     A *= j < i                                                     # zero the diagonal and above
-    on = np.arange(max(i0, j0), min(i1, j1))                       # positions with i == j
+    on = xp.arange(max(i0, j0), min(i1, j1))                       # positions with i == j
     A[on - i0, on - j0] = p["diag"][on]
     return A
 
@@ -206,27 +205,29 @@ def uspa_attention(T, rho, rho_prev):
 
 # ---------------------------------------------------------------- blocks of B (O(T) state)
 
-def bias_block(parts, i0, i1, j0, j1, dtype=np.float64, out=None):
+def bias_block(parts, i0, i1, j0, j1, dtype=np.float64, out=None, xp=np):
     """B[i0:i1, j0:j1] (queries i, keys j) generated from a layer's O(T) parts, computed in
     float64 and rounded once to `dtype` (or written into `out`): the same operations as the
     whole square, so a block equals the slice of the dense B bit for bit. -inf above the
     diagonal. Parts: espa_bias's, uspa_bias's, or {"kind": "dense", "B": B} for a policy's
-    own B_l (no closed form: plan overrides of mlp_aware), which is sliced."""
+    own B_l (no closed form: plan overrides of mlp_aware), which is sliced. ``xp``: the module
+    of the parts' arrays (numpy; the model keeps them on its device, cupy on a GPU, and makes
+    each block there)."""
     kind = parts["kind"]
     if kind == "espa":
-        return _toeplitz_block(parts["u"], parts["c"], parts["lse"], i0, i1, j0, j1, out, dtype)
+        return _toeplitz_block(parts["u"], parts["c"], parts["lse"], i0, i1, j0, j1, out, dtype, xp)
     if out is None:
-        out = np.empty((i1 - i0, j1 - j0), dtype=dtype)
+        out = xp.empty((i1 - i0, j1 - j0), dtype=dtype)
     if kind == "dense":
         out[...] = parts["B"][i0:i1, j0:j1]
         return out
     if kind != "uspa":
         raise ValueError(f"bias parts of kind {kind!r}: expected 'espa', 'uspa' or 'dense'")
-    A = _uspa_block(parts, i0, i1, j0, j1)
-    np.maximum(A, 0.0, out=A)
+    A = _uspa_block(parts, i0, i1, j0, j1, xp)
+    xp.maximum(A, 0.0, out=A)
     with np.errstate(divide="ignore"):
-        np.log(A, out=A)
-    np.subtract(A, parts["lse"][i0:i1, None], out=out, casting="same_kind")
+        xp.log(A, out=A)
+    xp.subtract(A, parts["lse"][i0:i1, None], out=out, casting="same_kind")
     return out
 
 

@@ -50,12 +50,12 @@ def alibi_slopes(H):
     return np.concatenate([_geometric_slopes(n), _geometric_slopes(2 * n)[0::2][:H - n]])
 
 
-def alibi_bias(slopes, i0, i1, j0, j1, dtype=np.float64):
+def alibi_bias(slopes, i0, i1, j0, j1, dtype=np.float64, xp=np):
     """-m_h (i - j) for queries i in [i0, i1) and keys j in [j0, j1), (H, i1-i0, j1-j0),
     computed in float64 and rounded once to dtype. Entries above the diagonal (j > i) are
-    positive; the causal mask removes them."""
-    dist = (np.arange(i0, i1, dtype=np.float64)[:, None] - np.arange(j0, j1, dtype=np.float64)[None, :])
-    return (-np.asarray(slopes, dtype=np.float64)[:, None, None] * dist).astype(dtype, copy=False)
+    positive; the causal mask removes them. ``xp``: the module of slopes (the model's device)."""
+    dist = (xp.arange(i0, i1, dtype=np.float64)[:, None] - xp.arange(j0, j1, dtype=np.float64)[None, :])
+    return (-xp.asarray(slopes, dtype=np.float64)[:, None, None] * dist).astype(dtype, copy=False)
 
 
 def rope_frequencies(D, base=ROPE_BASE):
