@@ -18,6 +18,7 @@ result; tensor.unbroadcast sums it back to each input's shape, so no op here thi
 broadcasting. Constants are Python floats (never NumPy float64 scalars), so float32 stays
 float32 under NumPy 2's promotion rules.
 """
+from . import backend
 from .signal.activations import ACTIVATIONS
 from .tensor import Function, Tensor
 
@@ -204,12 +205,17 @@ class Where(Function):
 
 
 def where(cond, a, b):
-    cond = cond.data if isinstance(cond, Tensor) else cond
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
         raise TypeError("where: a or b must be a Tensor")
-    return Where.apply(a, b, cond=cond)
+    return Where.apply(a, b, cond=_condition(cond, a if isinstance(a, Tensor) else b))
 
 
 def masked_fill(x, mask, value):
     """x with entries where ``mask`` is True replaced by the constant ``value``."""
-    return Where.apply(float(value), x, cond=mask.data if isinstance(mask, Tensor) else mask)
+    return Where.apply(float(value), x, cond=_condition(mask, x))
+
+
+def _condition(cond, like):
+    """A boolean condition (a Tensor or an array) on ``like``'s device (a host mask is copied)."""
+    cond = cond.data if isinstance(cond, Tensor) else cond
+    return backend.xp_of(like.data).asarray(cond)

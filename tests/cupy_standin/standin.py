@@ -123,6 +123,13 @@ def _current_id():
     return getattr(_current, "id", 0)
 
 
+def set_devices(n):
+    """Show n GPUs (CUPY_STANDIN_DEVICES at start); returns the previous count."""
+    global _ndevices
+    previous, _ndevices = _ndevices, int(n)
+    return previous
+
+
 class Device:
     """cupy.cuda.Device: the current device is per thread (as CUDA's), 0 until set."""
 
@@ -235,14 +242,15 @@ class _Pool:
 
     def __init__(self):
         self.used = self.peak = 0
+        self.lock = threading.Lock()
 
     def add(self, n):
-        with _lock:
+        with self.lock:
             self.used += n
             self.peak = max(self.peak, self.used)
 
     def sub(self, n):
-        with _lock:
+        with self.lock:
             self.used -= n
 
 
@@ -278,9 +286,9 @@ class ndarray:
         if self._owned:
             _pool.add(self._owned)
 
-    def __del__(self):
+    def __del__(self, _pools=[_pool]):    # bound now: at shutdown the module's globals are gone
         if getattr(self, "_owned", 0):
-            _pool.sub(self._owned)
+            _pools[0].sub(self._owned)
 
     # ---- host metadata: free
     shape = property(lambda self: self._a.shape)
@@ -630,7 +638,7 @@ class _MemoryPool:
         return _pool.peak - _pool.used
 
     def free_all_blocks(self, stream=None):
-        with _lock:
+        with _pool.lock:
             _pool.peak = _pool.used
 
     def free_all_free(self):
