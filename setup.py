@@ -12,7 +12,7 @@ setup(
     py_modules=["data"],   # train.py and sample.py are commands run from the checkout, as in nanoGPT
     install_requires=["numpy>=1.24", "tqdm"],
     extras_require={
-        "gpu": ["cupy"],            # or the cupy-cudaXXx wheel matching your CUDA
+        "gpu": ["cupy-cuda12x"],    # CuPy's wheel for CUDA 12 drivers; cupy-cuda11x / cupy-cuda13x for others (README)
         "plot": ["matplotlib"],
         "test": ["pytest"],
         "mpi": ["mpi4py>=4.1", "mpich"],   # data parallelism over processes; mpich's wheel brings mpiexec

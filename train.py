@@ -94,11 +94,12 @@ TRAIN_DEFAULTS = dict(
     top_k=40,                  # sample among the k most likely tokens; 0 = all
 )
 PRESETS = {  # --preset=NAME: applied first, so explicit --key=value settings win
-    # ~0.28 s/step on one H200 (~30k tokens/s). Its learning rate: the width study (docs/results.md,
-    # "How the learning rate scales") fits vanilla E-SPA's best AdamW rate as
-    # 3.5e-4 (width / 64)^-1.10 (depth / 24)^-1.31 at batch 8 x T 64: 2e-5 here. This batch
-    # carries 16x the tokens; 4e-5, measured on the H200 (val 2.18 at step 450; 1e-4: 2.48;
-    # 3e-4 and above diverged within 250 steps), is within 2x of the rule and below its edge.
+    # Its learning rate: the width study (docs/results.md, "How the learning rate scales") fits
+    # vanilla E-SPA's best AdamW rate as 3.5e-4 (width / 64)^-1.10 (depth / 24)^-1.31 at batch
+    # 8 x T 64: 2e-5 here. This batch carries 16x the tokens; 4e-5 (on one H200 with the engine
+    # of 2026-11-30, commit 0a3701e: val 2.18 at step 450, 1e-4: 2.48, 3e-4 and above diverged
+    # within 250 steps; ~0.28 s/step) is within 2x of the rule and below its edge.
+    # python -m nanospa.bench.gpu_check measures this engine's speed and sweeps the rate.
     # The default corpus is only 2 MB: runs much longer than this one start to overfit it.
     "gpu": dict(device="cuda", n_layer=36, n_head=8, n_embd=512, block_size=256, batch_size=32,
                 max_iters=2000, eval_interval=250, checkpoint_interval=250, eval_iters=20,

@@ -423,3 +423,14 @@ def test_worker_threads_use_the_processs_gpu(gpu, monkeypatch):
         threads.set_threads(before)
         threads._pools.clear()
         gpu.set_devices(previous)
+
+
+# ----------------------------------------------------------------------------- the GPU check
+
+def test_the_gpu_check_refuses_bad_settings_and_a_machine_without_gpu(capsys):
+    from nanospa.bench import gpu_check
+    assert gpu_check.main(["--stages=tests,bogus"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --stages: bogus not among tests, parity, train, bench, nccl, lr"
+    assert gpu_check.main([]) == 2                       # no CuPy with a GPU here (the stand-in is not installed)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: no GPU") and "\n" not in err

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -115,13 +116,19 @@ def test_an_experiment_cell_on_the_device(tmp_path):
 
 
 def test_the_gpu_check_dry_runs_on_the_stand_in(tmp_path):
-    """python -m nanospa.bench.gpu_check --dry_run: every stage at toy sizes, on the stand-in."""
-    p, _ = run(tmp_path, "-m", "nanospa.bench.gpu_check", "--dry_run=True", f"--out={tmp_path / 'check'}", timeout=600)
+    """python -m nanospa.bench.gpu_check --dry_run: every stage at toy sizes, on the stand-in
+    with two GPUs (the nccl stage runs where mpiexec is: the mpi extra, as in CI)."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    p, _ = run(tmp_path, "-m", "nanospa.bench.gpu_check", "--dry_run=True", f"--out={tmp_path / 'check'}", timeout=600,
+               CUPY_STANDIN_DEVICES="2", PATH=path)
     report = json.loads((tmp_path / "check" / "report.json").read_text())
     assert report["dry_run"] and report["device"].startswith("CuPy stand-in")
     for name, stage in report["stages"].items():
         assert stage["status"] in ("ok", "skipped"), (name, stage)
-    assert report["stages"]["train"]["status"] == "ok" and report["stages"]["parity"]["status"] == "ok"
+    for name in ("tests", "parity", "train", "bench", "lr"):
+        assert report["stages"][name]["status"] == "ok", name
+    if shutil.which("mpiexec", path=path):
+        assert report["stages"]["nccl"]["status"] == "ok" and report["stages"]["nccl"]["max_error"] == 0.0
     assert (tmp_path / "check" / "report.md").is_file()
 
 

@@ -83,8 +83,8 @@ def skip_reason(cmd):
         return "installs packages or runs the test suite"
     if cmd.startswith("mpiexec ") and (mpiexec() is None or not has("mpi4py")):
         return "needs the mpi extra"
-    if ("--preset=gpu" in cmd or "--device=cuda" in cmd) and not backend.cuda_available():
-        return "needs a GPU with CuPy"
+    if ("--preset=gpu" in cmd or "--device=cuda" in cmd or "gpu_check" in cmd) and not backend.cuda_available():
+        return "needs a GPU with CuPy (tests/test_gpu_commands.py runs it on the CuPy stand-in)"
     if ("--plot=" in cmd or "nanospa.plot" in cmd) and not has("matplotlib"):
         return "needs matplotlib"
     if re.search(r"--data=(shakespeare|wikitext2|wikitext103)(\s|$)", cmd):

@@ -5,19 +5,20 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..signal.attn_bias import bias_block
+from ..backend import to_numpy
 
 
 class _DenseBiasState(Mapping):
     """model.state_dict() plus, for every blockwise SPA block (which keeps only B_l's O(T)
     parts), its dense tril(B_l) under the dense model's key blocks.i.attn.B, in the model's
-    dtype. Generated when asked for, one layer at a time, so PyTorch's peak memory counts
-    its own (T, T) biases but no second copy of them."""
+    dtype (made where the model is, by its own generated_bias, and brought to the host).
+    Generated when asked for, one layer at a time, so PyTorch's peak memory counts its own
+    (T, T) biases but no second copy of them."""
 
     def __init__(self, model):
         self.state = model.state_dict()
         T, dt = model.config.block_size, model.config.dtype
-        self.made = {f"blocks.{i}.attn.B": (lambda a=b.attn: np.tril(bias_block(a.bias_parts, 0, T, 0, T, dt)))
+        self.made = {f"blocks.{i}.attn.B": (lambda a=b.attn: np.tril(to_numpy(a.generated_bias(0, T, 0, T))))
                      for i, b in enumerate(model.blocks) if b.attn.bias_parts is not None}
 
     def __getitem__(self, key):
