@@ -222,10 +222,11 @@ def train(argv):
                         for i in range(0, B * A, B):
                             if run.stop_signal():
                                 return None
-                            losses.append(model(world.shard(x[i:i + B]), world.shard(y[i:i + B]))[1].item())
+                            losses.append(model(world.shard(x[i:i + B]), world.shard(y[i:i + B]))[1].data)
             except Abandoned:
                 return None
-            return world.mean(np.mean(losses))
+            xp = backend.xp_of(*losses)               # one device read for all of them:
+            return world.mean(np.mean(backend.to_numpy(xp.stack(losses).astype(np.float64))))
 
         def estimate_loss():                          # None when a signal came first
             with model.evaluating():                  # BatchNorm: running statistics
