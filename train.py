@@ -80,10 +80,10 @@ TRAIN_DEFAULTS = dict(
     n_layer=12,                # transformer blocks (L)
     n_head=4,                  # attention heads (H)
     n_embd=64,                 # width (C)
-    learning_rate=RATES["adamw"]["learning_rate"],  # peak learning rate: AdamW's 2e-3; with --optimizer=kfac K-FAC's own 3e-2 unless given
+    learning_rate=RATES["adamw"]["learning_rate"],  # peak learning rate: AdamW's 2e-3; K-FAC's own 3e-2, Muon's 2e-2 (--optimizer=kfac, muon) unless given
     warmup_iters=100,          # linear warm-up steps
     lr_decay_iters=0,          # cosine decay reaches min_lr here, then min_lr; 0 = max_iters of the run's start
-    min_lr=RATES["adamw"]["min_lr"],  # final learning rate: 2e-4 with AdamW, 3e-3 with --optimizer=kfac, unless given
+    min_lr=RATES["adamw"]["min_lr"],  # final learning rate: 2e-4 with AdamW, 3e-3 with --optimizer=kfac, 2e-3 with muon, unless given
     weight_decay=0.0,          # AdamW decoupled weight decay (never on no_decay parameters)
     beta1=0.9,                 # AdamW beta1 (K-FAC: its Adam fallback's)
     beta2=0.95,                # AdamW beta2 (K-FAC: its Adam fallback's)
@@ -203,8 +203,8 @@ def train(argv):
                                   for k, v in model.plan.info.items()) + f"; activation {model.activation!r}")
 
         # -- optimiser; the checkpoint's state on resume (weights, optimiser, batch generator)
-        optimizer = make_optimizer(s, model, seed=s["seed"], rank=world.rank,     # AdamW or K-FAC
-                                   allreduce=world.allreduce_grads if world.size > 1 else None)
+        optimizer = make_optimizer(s, model, seed=s["seed"], rank=world.rank,
+                                   allreduce=world.allreduce_grads if world.size > 1 else None)  # AdamW, K-FAC or Muon
         start, run.best_val, evaluate_now = run.begin(model, optimizer, rng, ds)
         print(f"optimizer: {s['optimizer']}, learning rate {s['learning_rate']:g} -> {s['min_lr']:g}, batch "
               f"{B * A} sequences" + (f" in {A} micro-batches of {B}" if A > 1 else ""))
