@@ -38,11 +38,10 @@ from tqdm import tqdm
 
 from data import check_length, check_tokenizer, get_batch, load_dataset, unigram_entropy
 from nanospa import backend
-from nanospa.beyond import blockwise
 from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, RATES, check_optimizer, make_optimizer, rates_for
 from nanospa.config import GPTConfig
 from nanospa.measure import layer_stats, measured_kernels, show
-from nanospa.model import GPT
+from nanospa.model import GPT, evaluation
 from nanospa.optim import cosine_lr
 from nanospa.run import distributed, malloc, threads
 from nanospa.run.fits import check_fits
@@ -50,7 +49,7 @@ from nanospa.run.rundir import Abandoned
 from nanospa.run.session import Diverged, Session, settings_of
 from nanospa.run.settings import EXIT_SIGNAL_BASE, SettingsError, help_text, run_command, source_notes, wants_help
 from nanospa.run.step import train_step
-from nanospa.signal.table import predicted_kernels  # averaged over the probe's own sequences
+from nanospa.predict import predicted_kernels     # averaged over the probe's own sequences
 from nanospa.tensor import no_grad
 
 # ----------------------------------------------------------------------------- defaults
@@ -187,7 +186,7 @@ def train(argv):
 
         # -- model and init summary
         cfg = GPTConfig(vocab_size=ds.vocab_size, **{k: s[k] for k in MODEL_KEYS})   # the tokenizer's size
-        blocks = blockwise.implementation(cfg) == "blockwise"   # its attention shares blocks among threads
+        blocks = getattr(evaluation(cfg), "by_blocks", False)   # its attention shares blocks among threads
         threads.set_threads(threads.cpu_threads(s["threads"], B // world.size, blocks) if s["device"] == "cpu" else 1)
         malloc.keep_freed_memory()                    # no page faults from each step's fresh arrays
         check_fits(cfg, B // world.size, s["device"])    # a size this machine cannot hold: refused now

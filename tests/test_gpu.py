@@ -20,7 +20,8 @@ import pytest
 from conftest import standin_module
 from nanospa import GPT, GPTConfig, Tensor, backend
 from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, make_optimizer
-from nanospa.config import ATTENTIONS, NORMS, RESIDUALS
+from nanospa.config import values
+ATTENTIONS, NORMS, RESIDUALS = values("attention"), values("norm"), values("residual")
 from nanospa.model import Block
 from nanospa.optim import AdamW
 from nanospa.run import threads

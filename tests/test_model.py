@@ -33,7 +33,7 @@ def combos():
     """Every attention x residual x norm x norm_position GPTConfig accepts, from its own lists
     (a value added there is checked here without a test edit); positions learned with a norm."""
     out = []
-    for a, r, n, p in itertools.product(config.ATTENTIONS, config.RESIDUALS, config.NORMS, config.NORM_POSITIONS):
+    for a, r, n, p in itertools.product(config.values("attention"), config.values("residual"), config.values("norm"), config.NORM_POSITIONS):
         if n == "none" and p == "post":
             continue                                      # the same model as pre
         try:
@@ -279,7 +279,7 @@ def test_after_step_calls_each_module_hook_once_in_module_order():
     assert calls == [0, 1, 0, 1]
 
 
-@pytest.mark.parametrize("attention", config.ATTENTIONS)
+@pytest.mark.parametrize("attention", config.values("attention"))
 @pytest.mark.parametrize("zero_query", [False, True])
 def test_the_model_at_init_is_what_signal_says_each_attention_is(attention, zero_query):
     """The attention matrices a fresh model applies (its trace) are, layer by layer, the one

@@ -15,7 +15,7 @@ from nanospa.signal import kernels, predict_kernels
 from nanospa.signal.inputs import batch_input_kernel, input_kernel
 from nanospa.signal.beyond.norm_maps import (BATCH_NORM_EPS, batch_attention, batchnorm_map, causal_batchnorm_map,
                                       init_norm_map, running_batchnorm_map)
-from test_signal_predict import distinct_batch, max_errors, q_tol, tol, wide
+from test_predict import distinct_batch, max_errors, q_tol, tol, wide
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:norm=.* with norm_causal=False")]
 WIDTH = 1024

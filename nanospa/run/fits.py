@@ -15,7 +15,7 @@ counts only what a step surely holds at once, so it refuses nothing that could r
     gradients    one per parameter, at the update
     activations  at the end of the forward: the logits, 2 B T V with their softmax, and per
                  layer the block input and the MLP's hidden activations, L B T (1 + mlp_ratio)
-                 C; dense attention (beyond/blockwise.py's choice at this T) adds its softmax
+                 C; dense attention (model.evaluation's choice at this T) adds its softmax
                  output, L B H T^2
 
 in the model's dtype; B is one micro-batch of one process. Measured against the peak of real
@@ -31,11 +31,11 @@ GB = 1e9
 def least_bytes(cfg, batch):
     """{part: bytes} of one training step of GPT(cfg) on `batch` sequences (see above); the
     step needs at least weights + max(gradients, activations)."""
-    from ..beyond import blockwise
+    from ..model import evaluation
     L, C, T, V, H = cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.vocab_size, cfg.n_head
     size = 8 if cfg.dtype == "float64" else 4
     params = L * (4 + 2 * cfg.mlp_ratio) * C * C + 2 * V * C
-    attention = L * batch * H * T * T if blockwise.implementation(cfg) == "dense" else 0
+    attention = L * batch * H * T * T if not getattr(evaluation(cfg), "by_blocks", False) else 0
     return dict(weights=3 * params * size, gradients=params * size,
                 activations=(2 * batch * T * V + L * batch * T * (1 + cfg.mlp_ratio) * C + attention) * size)
 

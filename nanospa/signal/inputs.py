@@ -3,9 +3,9 @@
 
 The model's embedding gives each token id a vector of variance sigma_e^2 per coordinate and
 (with additive positions, ADDITIVE_POSITIONS) adds one of variance sigma_p^2 = POS_VARIANCE,
-so that every position has q = 1 at the embedding output. The other positional schemes act
-on the attention logits (positions.py) and leave Sigma_0 as without positions. Not here:
-what the blocks do to Sigma_0 (maps.py, predict.py).
+so that every position has q = 1 at the embedding output. Positional schemes that act on the
+attention logits instead (beyond/positions.py) add nothing here: Sigma_0 is as without
+positions. Not here: what the blocks do to Sigma_0 (maps.py, nanospa/predict.py).
 """
 import math
 
@@ -15,8 +15,7 @@ from .kernels import check_T
 
 POS_VARIANCE = 0.5          # share of q = 1 given to positions when pos != "none" [nanospa's choice]
 SINUSOID_BASE = 10000.0     # the wavelength base of sinusoidal positions (Vaswani et al. 2017)
-POSITIONS = ("none", "learned", "sinusoidal", "alibi", "rope", "spa_prior")
-ADDITIVE_POSITIONS = ("learned", "sinusoidal")   # added to the embedding; the rest act in attention
+ADDITIVE_POSITIONS = ("learned", "sinusoidal")   # added to the embedding
 
 
 def token_variance(pos):
@@ -41,7 +40,7 @@ def input_kernel(tokens=None, T=None, pos="none", n_embd=None, pos_variance=POS_
 
         Sigma_0[i, j] = sigma_e^2 1[t_i = t_j] + sigma_p^2 1[i = j]      pos = "learned"
         Sigma_0[i, j] = sigma_e^2 1[t_i = t_j] + (P P^T / d)[i, j]       pos = "sinusoidal"
-        Sigma_0[i, j] = 1[t_i = t_j]                      pos = "none", "alibi", "rope", "spa_prior"
+        Sigma_0[i, j] = 1[t_i = t_j]                      pos = "none" (or positions in the logits)
 
     with sigma_p^2 = pos_variance and sigma_e^2 = 1 - sigma_p^2 (sigma_e^2 = 1 without
     positions). tokens: a (T,) sequence of ids, or None for T distinct tokens (then
@@ -61,18 +60,16 @@ def input_kernel(tokens=None, T=None, pos="none", n_embd=None, pos_variance=POS_
             raise ValueError(f"T={T} does not match len(tokens)={t.size}")
         T = t.size
         same = (t[:, None] == t[None, :]).astype(np.float64)
-    if pos in ("none", "alibi", "rope", "spa_prior"):          # nothing added to the embedding
+    if pos not in ADDITIVE_POSITIONS:                           # nothing added to the embedding
         return same
     if not 0.0 < pos_variance < 1.0:
         raise ValueError(f"pos_variance must be in (0, 1), got {pos_variance}")
     if pos == "learned":
         return (1.0 - pos_variance) * same + pos_variance * np.eye(T)
-    if pos == "sinusoidal":
-        if not n_embd:
-            raise ValueError("input_kernel with pos='sinusoidal' needs n_embd")
-        P = sinusoidal_encoding(T, n_embd, pos_variance)
-        return (1.0 - pos_variance) * same + P @ P.T / n_embd
-    raise ValueError(f"pos={pos!r} is not one of {list(POSITIONS)}")
+    if not n_embd:
+        raise ValueError("input_kernel with pos='sinusoidal' needs n_embd")
+    P = sinusoidal_encoding(T, n_embd, pos_variance)
+    return (1.0 - pos_variance) * same + P @ P.T / n_embd
 
 
 def batch_input_kernel(tokens, pos="none", n_embd=None, pos_variance=POS_VARIANCE):
@@ -85,6 +82,6 @@ def batch_input_kernel(tokens, pos="none", n_embd=None, pos_variance=POS_VARIANC
         raise ValueError(f"tokens must be a non-empty (B, T) array, got shape {t.shape}")
     B, T = t.shape
     flat = t.reshape(-1)
-    var_e = 1.0 if pos == "none" else 1.0 - pos_variance
+    var_e = 1.0 if pos not in ADDITIVE_POSITIONS else 1.0 - pos_variance
     positions = input_kernel(T=T, pos=pos, n_embd=n_embd, pos_variance=pos_variance) - var_e * np.eye(T)
     return var_e * (flat[:, None] == flat[None, :]) + np.tile(positions, (B, B))

@@ -138,3 +138,13 @@ def dyt_map(Sigma, alpha=DYT_ALPHA):
     """Kernel of DyT(x) = tanh(alpha x) (weight 1, bias 0 at init), u ~ N(0, Sigma)."""
     maps = LocalMaps(lambda x: np.tanh(alpha * x))
     return maps.kernel(Sigma)
+
+
+def norm_kernel(cfg, Sigma, batch=None):
+    """maps.norm_kernel for the norms beyond LayerNorm and RMSNorm: DyT, BatchNorm, PRepBN,
+    GroupNorm (ValueError naming any other)."""
+    if cfg.norm == "dyt":
+        return dyt_map(Sigma)
+    if cfg.norm in ("batchnorm", "prepbn", "groupnorm"):
+        return init_norm_map(Sigma, cfg, batch)
+    raise ValueError(f"no kernel map for norm {cfg.norm!r}")

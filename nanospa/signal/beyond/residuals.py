@@ -46,3 +46,12 @@ def ngpt_scale(name, d):
 def ngpt_value(name):
     """s_init, the value nGPT's vector `name` is used with at initialisation."""
     return float(NGPT_INITS[name][0])
+
+
+def residual_weights(cfg):
+    """maps.residual_weights for DeepNorm: (alpha, 1, beta^2), x_{l+1} = N(alpha x_l + f_beta(x_l))
+    with f's weights W^V, W^O, W_1, W_2 scaled by beta (ValueError naming any other residual:
+    nGPT's update has its own maps, beyond/ngpt_maps.py)."""
+    if cfg.residual == "deepnorm":
+        return deepnorm_alpha(cfg.n_layer), 1.0, deepnorm_beta(cfg.n_layer) ** 2
+    raise ValueError(f"no block map for residual {cfg.residual!r} here")
