@@ -264,7 +264,7 @@ def test_debug_switch_shows_the_traceback(tmp_path):
 # ----------------------------------------------------------------------------- paths and settings
 
 @pytest.mark.parametrize("case", ["out_dir is a file", "out_dir under a file", "ckpt.npz is a folder",
-                                  "log.jsonl is a folder", "checkpoint missing a key"])
+                                  "log.jsonl is a folder", "checkpoint missing a key", "out_dir is empty"])
 def test_bad_paths_and_checkpoints_are_one_line_before_any_training(case, tmp_path, text_file, capsys):
     out, extra = tmp_path / "out", []
     if case == "out_dir is a file":
@@ -274,6 +274,8 @@ def test_bad_paths_and_checkpoints_are_one_line_before_any_training(case, tmp_pa
         out = tmp_path / "f" / "out"
     elif case.endswith("is a folder"):
         (out / case.split()[0]).mkdir(parents=True)
+    elif case == "out_dir is empty":                              # Path(""): the current folder
+        out = ""
     else:
         assert train.main(args(text_file, out, "--max_iters=2")) == 0
         with np.load(out / "ckpt.npz", allow_pickle=False) as z:
@@ -288,7 +290,8 @@ def test_bad_paths_and_checkpoints_are_one_line_before_any_training(case, tmp_pa
     assert len(err) == 1 and ("Traceback" not in captured.err)
     needle = {"out_dir is a file": "is a file, not a folder", "out_dir under a file": "no folder can be made",
               "ckpt.npz is a folder": "ckpt.npz is a folder", "log.jsonl is a folder": "log.jsonl is a folder",
-              "checkpoint missing a key": f"checkpoint {out / 'ckpt.npz'} does not fit this run"}[case]
+              "checkpoint missing a key": f"checkpoint {Path(out) / 'ckpt.npz'} does not fit this run",
+              "out_dir is empty": "--out_dir is empty"}[case]
     assert needle in err[0], err[0]
     if case != "checkpoint missing a key":
         assert "data:" not in captured.out                        # refused before any data or model
