@@ -105,3 +105,40 @@ def test_sigterm_right_after_a_progress_line_keeps_that_run(tmp_path, after):
     assert p.returncode in (0, 143)
     runs = methods(out)["espa"]["runs"]
     assert len(runs) >= after and all(r["history"] and r["final_train"] is not None for r in runs)
+
+
+def test_one_writer_per_result_folder(tmp_path, capsys):
+    """Two commands into one --out at once both exited 0 and said they wrote result.json, which
+    held one process's methods only. Now the folder is locked for the whole command: the second
+    stops at once, one line naming the holder, nothing trained, and the first ends complete."""
+    out = tmp_path / "o"
+    p = subprocess.Popen([sys.executable, "-m", "nanospa.experiments", "fig2", "--preset=tiny", "--workers=0",
+                          "--lrs=1e-3,2e-3,3e-3,4e-3", "--methods=espa,softmax", f"--out={out}"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        for line in p.stdout:                      # the first run has started training
+            if line.startswith("["):
+                break
+        t0 = time.time()
+        assert fig2.main(TINY + ["--methods=uspa", f"--out={out}"]) == 2
+        assert time.time() - t0 < 5
+        captured = capsys.readouterr()
+        assert captured.err.count("\n") == 1 and f"--out={out} is in use by pid {p.pid}" in captured.err
+        assert "fig2" in captured.err and "[1/" not in captured.out         # names the command; trains nothing
+        assert fig2.main(TINY + ["--methods=uspa", "--replace=True", f"--out={out}"]) == 2   # nor to replace it
+    finally:
+        rest, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert set(methods(out)) == {"espa", "softmax"} and all(len(m["runs"]) == 4 for m in methods(out).values())
+    assert sorted(x.name for x in out.iterdir()) == sorted(["result.json", "table.md"] + ["plot.png"] * has_plot())
+    assert fig2.main(TINY + ["--methods=uspa", f"--out={out}"]) == 0        # free again: merges into it
+    assert set(methods(out)) == {"espa", "softmax", "uspa"}
+
+
+def has_plot():
+    try:
+        import matplotlib  # noqa: F401
+        return True
+    except ImportError:
+        return False

@@ -4,8 +4,10 @@ helpers of the experiments' findings. The files of real runs are checked end to 
 tests/test_experiments.py."""
 import json
 import math
+import os
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,3 +133,12 @@ def test_ranking_and_loss_at_a_fraction_of_the_run():
     r["methods"]["gone"]["summary"]["curve"] = []
     assert math.isnan(report.loss_at(r, "gone", 0.5))
     assert 0 < MATCH_MARGIN < STALL_MARGIN
+
+
+def test_each_process_writes_through_its_own_temporary(tmp_path, monkeypatch):
+    """Two commands writing one folder's result.json shared result.json.tmp, and one crashed
+    when the other renamed it away: the temporary is PATH.PID.tmp now."""
+    seen, real = [], os.replace
+    monkeypatch.setattr(report.os, "replace", lambda a, b: (seen.append(Path(a).name), real(a, b)))
+    report.write_text(tmp_path / "table.md", "x")
+    assert seen == [f"table.md.{os.getpid()}.tmp"] and (tmp_path / "table.md").read_text() == "x"

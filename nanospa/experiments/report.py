@@ -173,8 +173,9 @@ def naming(path):
 
 
 def write_text(path, text):
-    """Write text to path through a temporary file beside it, renamed at the end."""
-    tmp = Path(str(path) + ".tmp")
+    """Write text to path through a temporary file beside it (PATH.PID.tmp: one per process,
+    so that two writers never share one), renamed at the end."""
+    tmp = Path(f"{path}.{os.getpid()}.tmp")
     try:
         with naming(path):
             tmp.write_text(text, encoding="utf-8")

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..run.fits import check_fits
+from ..run.rundir import RunLock
 from ..run.settings import check_output_dir, help_text, parse_settings, run_command, stop_on_signals, wants_help
 from ..run.tokenizer import check as check_tokenizer
 from . import reuse
@@ -331,8 +332,31 @@ def summarise_method(runs, lrs, unigram):
 
 # ------------------------------------------------------------------ the command
 
+RESULT_FILES = ("result.json", "table.md", "init.json", "init.md")   # written through NAME.PID.tmp (report.py)
+_HELD = set()        # the folders this process holds: budget's init check and its training share one lock
+
+
+@contextlib.contextmanager
+def holding(out):
+    """One writer per result folder: --out is locked for the whole command (out/run.lock, the
+    lock of train.py's out_dir: flock, released by the kernel when its holder dies), so a second
+    command into it stops at once with one line naming the holder, before any data is read or
+    anything trained; a folder this process already holds is not locked twice."""
+    key = os.path.realpath(out)
+    if key in _HELD:
+        yield
+        return
+    with RunLock(out, key="out", temporaries=RESULT_FILES) as lock:
+        for note in lock.notes:
+            print(note, file=sys.stderr)
+        _HELD.add(key)
+        try:
+            yield
+        finally:
+            _HELD.discard(key)
+
+
 def run(spec, argv):
-    import data as nanospa_data
     if wants_help(argv):
         defaults = {**DEFAULTS, **getattr(spec, "EXTRA", {})}
         print(help_text(f"python -m nanospa.experiments {spec.NAME} [--key=value ...]: {spec.TITLE}",
@@ -343,6 +367,12 @@ def run(spec, argv):
     t0 = time.time()
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     s = settings_for(spec, argv)
+    with holding(s["out"]):                       # a second command into --out: one line, nothing trained
+        return _run(spec, argv, s, t0, started)
+
+
+def _run(spec, argv, s, t0, started):
+    import data as nanospa_data
     s["_load_start"] = load_average()
     reusable = reuse.load([p for p in s["reuse"].split(",") if p.strip()])   # a bad path: error before any work
     ds = _dataset(s["data"], s["tokenizer"])       # builds the token cache (and BPE) once, before any worker

@@ -80,13 +80,13 @@ def held_files(out_dir):
     return [name for name in (CKPT_FILE, LOG_FILE) if (Path(out_dir) / name).exists()]
 
 
-def remove_temporaries(out_dir):
-    """Remove the ckpt.npz.PID.tmp files of checkpoints whose writer was killed (call with the
-    lock held: no live run writes one then); -> a note, or None."""
-    stale = sorted(Path(out_dir).glob(f"{CKPT_FILE}.*.tmp"))
+def remove_temporaries(out_dir, names=(CKPT_FILE,)):
+    """Remove the NAME.PID.tmp files (ckpt.npz by default) whose writer was killed (call with
+    the lock held: no live run writes one then); -> a note, or None."""
+    stale = sorted(p for name in names for p in Path(out_dir).glob(f"{name}.*.tmp"))
     for p in stale:
         p.unlink()
-    return f"note: removed {len(stale)} unfinished checkpoint file(s) of a killed run: {stale[0].name}" if stale else None
+    return f"note: removed {len(stale)} unfinished file(s) of a killed run: {stale[0].name}" if stale else None
 
 
 # ----------------------------------------------------------------------------- the lock
@@ -129,10 +129,11 @@ def _describe(owner):
 class RunLock:
     """One run per out_dir. acquire() creates out_dir if needed and takes out_dir/run.lock, or
     raises RunDirError naming the owner; release() removes it, and out_dir too when this lock
-    created it and nothing else was written there."""
+    created it and nothing else was written there. key: the setting that named the folder (the
+    experiments' --out); temporaries: the files whose NAME.PID.tmp a killed owner may have left."""
 
-    def __init__(self, out_dir):
-        self.out_dir = Path(out_dir)
+    def __init__(self, out_dir, key="out_dir", temporaries=(CKPT_FILE,)):
+        self.out_dir, self.key, self.temporaries = Path(out_dir), key, temporaries
         self.path = self.out_dir / LOCK_FILE
         self.fd, self.created, self.notes = None, False, []
 
@@ -155,8 +156,9 @@ class RunLock:
 
     def _busy(self, owner):
         who = _describe(owner) if owner else "another run (starting up)"
-        return RunDirError(f"--out_dir={self.out_dir} is in use by {who}: one run per out_dir; wait for "
-                           f"it, stop it, or choose another --out_dir (its lock: {self.path})")
+        return RunDirError(f"--{self.key}={self.out_dir} is in use by {who}: one run per "
+                           f"{'out_dir' if self.key == 'out_dir' else 'folder'}; wait for it, stop it, or choose "
+                           f"another --{self.key} (its lock: {self.path})")
 
     def acquire(self):
         if not self.out_dir.exists():
@@ -190,7 +192,7 @@ class RunLock:
         return self._taken()
 
     def _taken(self):
-        note = remove_temporaries(self.out_dir)   # no live run writes one now
+        note = remove_temporaries(self.out_dir, self.temporaries)   # no live run writes one now
         self.notes += [note] if note else []
         return self
 
