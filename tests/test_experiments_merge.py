@@ -142,3 +142,52 @@ def has_plot():
         return True
     except ImportError:
         return False
+
+
+def test_a_run_without_a_key_is_kept_on_the_next_merge(tmp_path, capsys):
+    """It was dropped: 145 committed runs had none. Now it is keyed from the recorded settings
+    (with a note), kept and counted; a rerun of its very slot is refused (another sampler)."""
+    out = tmp_path / "o"
+    assert fig2.main(TINY + ["--methods=espa,softmax", f"--out={out}"]) == 0
+    held = json.loads((out / "result.json").read_text())
+    for m in held["methods"].values():
+        for r in m["runs"]:
+            del r["key"], r["checksum"]                               # as written before keys
+    (out / "result.json").write_text(json.dumps(held))
+    capsys.readouterr()
+    assert fig2.main(["--preset=tiny", "--lrs=5e-3", "--methods=espa", f"--out={out}"]) == 0
+    captured = capsys.readouterr()
+    assert "4 run(s) had no key" in captured.err and "(and 4 more runs kept there)" in captured.out
+    merged = methods(out)
+    assert sorted(r["lr"] for r in merged["espa"]["runs"]) == [1e-3, 3e-3, 5e-3] and len(merged["softmax"]["runs"]) == 2
+    assert merged["espa"]["lrs"] == [1e-3, 3e-3, 5e-3]
+    assert "| espa |" in (out / "table.md").read_text() and "| softmax |" in (out / "table.md").read_text()
+    assert fig2.main(["--preset=tiny", "--lrs=1e-3", "--methods=espa", f"--out={out}"]) == 2
+    assert "holds a run of espa at lr 0.001, seed 0 made differently" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["edited", "duplicated"])
+def test_an_edited_or_duplicated_run_is_refused_by_every_reader(how, tmp_path, capsys):
+    """It was kept and averaged as another seed. The merge, --reuse and rerender refuse it,
+    naming file, method, rate and seed; nothing is trained or written."""
+    from nanospa.experiments import runner
+    out = tmp_path / "o"
+    assert fig2.main(TINY + ["--methods=espa", f"--out={out}"]) == 0
+    held = json.loads((out / "result.json").read_text())
+    runs = held["methods"]["espa"]["runs"]
+    if how == "edited":
+        runs[0]["final_train"] -= 0.5
+    else:
+        runs.append(dict(runs[0]))
+    (out / "result.json").write_text(json.dumps(held))
+    before = (out / "result.json").read_text()
+    words = "does not match its checksum" if how == "edited" else "is there twice"
+    capsys.readouterr()
+    for argv in (TINY + ["--methods=espa", f"--out={out}"],
+                 TINY + ["--methods=espa", f"--out={tmp_path / 'new'}", f"--reuse={out}"]):
+        assert fig2.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"the run of espa at lr 0.001, seed 0 {words}" in err, err
+    with pytest.raises(ValueError, match=words):
+        runner.rerender(fig2, out)
+    assert (out / "result.json").read_text() == before and not (tmp_path / "new").exists()

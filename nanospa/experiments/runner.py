@@ -42,7 +42,7 @@ from ..run.fits import check_fits
 from ..run.rundir import RunLock
 from ..run.settings import check_output_dir, help_text, parse_settings, run_command, stop_on_signals, wants_help
 from ..run.tokenizer import check as check_tokenizer
-from . import reuse
+from . import records, reuse
 from .report import (STALL_MARGIN, duration, fmt, load_average, markdown, per_byte, plot, provenance, write_json,
                      write_text)
 
@@ -412,35 +412,36 @@ def _run(spec, argv, s, t0, started):
           + (f", {len(taken)} of them reused" if taken else "") + f"; writing {out}/")
     done = [0]
 
-    def on_result(job, r, stopper=None):
-        """Record a finished run: in result.json (an atomic write) before the line that says
-        so, and a signal that comes meanwhile waits until both are done."""
+    def on_result(job, r, stopper=None, was_held=False):
+        """Record a finished run, sealed with its checksum (records.py): in result.json (an
+        atomic write) before the line that says so, and a signal that comes meanwhile waits
+        until both are done."""
         with stopper.held() if stopper else contextlib.nullcontext():
             done[0] += 1
             r.setdefault("key", reuse.job_key(job))
-            result["methods"][job["label"]]["runs"].append(r)
+            result["methods"][job["label"]]["runs"].append(records.seal(r))
             result["provenance"] = provenance(spec.NAME, argv, s, started, t0)
             write_json(out / "result.json", result)    # partial results survive an interruption
             print(f"[{done[0]}/{len(jobs)}] {job['label']:<16} lr={job['lr']:<8g} seed={job['seed']} "
                   f"train {fmt(r['final_train'])} val {fmt(r['final_val'])}"
                   f"{' DIVERGED' if r['diverged'] else ''} "
-                  + (f"(reused from {r['reused']['from']})" if r.get("reused") else
-                     "(kept)" if r.get("_kept") else f"({r['seconds']:.0f} s)"), flush=True)
-            r.pop("_kept", None)
+                  + ("(kept)" if was_held else f"(reused from {r['reused']['from']})" if r.get("reused") else
+                     f"({r['seconds']:.0f} s)"), flush=True)
 
     if s["device"] != "cpu":
         from .. import backend
         backend.use(s["device"])                   # fail here, not in a worker
     for job in jobs:
         if reuse.job_key(job) in own:
-            on_result(job, dict(own[reuse.job_key(job)], _kept=True))
+            on_result(job, dict(own[reuse.job_key(job)]), was_held=True)
     for job, r in taken:
         on_result(job, r)
     with stop_on_signals(STOPPED) as stopper:
         run_jobs(todo, s["workers"], lambda job, r: on_result(job, r, stopper))
     for label, m in result["methods"].items():
         m["runs"].sort(key=lambda r: (r["lr"], r["seed"]))
-        m["summary"] = per_byte(summarise_method(m["runs"], m["lrs"], unigram), ds.bytes_per_token)
+        runs = records.check_unique(m["runs"], label)            # a duplicate is not another seed
+        m["summary"] = per_byte(summarise_method(runs, m["lrs"], unigram), ds.bytes_per_token)
     result["analysis"] = spec.analysis(result) if hasattr(spec, "analysis") else {}   # e.g. longer's ratios
     result["findings"] = list(spec.findings(result))
     result["complete"] = True
@@ -471,6 +472,13 @@ def held_result(out, spec, s, methods, configs):
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path} cannot be read ({type(e).__name__}): choose another --out, or pass "
                          "--replace=True to write over it") from None
+    try:
+        notes = records.check(held, path)        # a changed or duplicated run: refused by name
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path} cannot be read ({type(e).__name__}: {e}): choose another --out, or pass "
+                         "--replace=True to write over it") from None
+    for note in notes:
+        print(note, file=sys.stderr)
     why = []
     if name != spec.NAME:
         why.append(f"it holds {name}, not {spec.NAME}")
@@ -496,13 +504,16 @@ def merge_held(result, held, jobs):
     slots = {(j["label"], j["lr"], j["seed"]) for j in jobs}
     own, kept = {}, 0
     for label, m in held["methods"].items():
-        runs = [dict(r, key=r["key"]) for r in m.get("runs", ()) if r.get("key")]
+        runs = [dict(r) for r in m.get("runs", ())]     # every one has a key (records.check)
+        # every rate a held run has is in the grid: the summary reads the grid's rates only (a
+        # method written before per-method grids has none: the settings' grid was its own)
+        grid = set(m.get("lrs") or held["settings"].get("lrs") or ()) | {r["lr"] for r in runs}
         mine = result["methods"].get(label)
         if mine is None:                           # a method of the held results only
-            result["methods"][label] = dict(m, runs=runs)
+            result["methods"][label] = dict(m, runs=runs, lrs=sorted(grid))
             kept += len(runs)
             continue
-        mine["lrs"] = sorted(set(mine["lrs"]) | set(m.get("lrs", ())))
+        mine["lrs"] = sorted(set(mine["lrs"]) | grid)
         for r in runs:
             key = reuse._current_key(r["key"]) or r["key"]
             if key in keys:
@@ -522,6 +533,8 @@ def rerender(spec, out):
     its result.json, e.g. after a change to the findings' wording. No training."""
     out = Path(out)
     result = json.loads((out / "result.json").read_text(encoding="utf-8"))
+    for note in records.check(result, out / "result.json"):   # a changed or duplicated run: refused
+        print(note, file=sys.stderr)
     result["analysis"] = spec.analysis(result) if hasattr(spec, "analysis") else {}
     result["findings"] = list(spec.findings(result))
     write_json(out / "result.json", result)
