@@ -76,3 +76,17 @@ def test_a_job_today_never_has_the_legacy_sampler():
     from nanospa.experiments import runner
     assert runner.BATCHES != records.LEGACY_BATCHES and records.CURVE_POINTS == runner.CURVE_POINTS
 
+
+
+def test_every_committed_run_has_a_key_and_matches_its_checksum():
+    paths = sorted((ROOT / "results").rglob("result.json"))
+    counted = 0
+    for path in paths:
+        held = json.loads(path.read_text())
+        if "methods" not in held:                                    # fig1: kernels, no runs
+            continue
+        before = json.dumps(held)
+        assert records.check(held, path) == [], path                  # nothing to key or seal
+        assert json.dumps(held) == before
+        counted += sum(len(m["runs"]) for m in held["methods"].values())
+    assert counted >= 600
