@@ -67,6 +67,7 @@ TRAIN_DEFAULTS = dict(
     init_from="scratch",       # scratch | resume (continue from out_dir/ckpt.npz)
     overwrite=False,           # scratch: replace the run (ckpt.npz, log.jsonl) an out_dir already holds
     new_data=False,            # resume: allow a corpus other than the checkpoint's (best val loss starts afresh)
+    allow_changed="",          # resume: settings that may differ from the checkpoint's, e.g. batch_size,eval_iters (the log notes it)
     eval_only=False,           # evaluate once (at init or at the checkpoint) and exit; writes nothing
     preset="",                 # named bundle of settings applied before the other overrides: gpu
     max_iters=2500,            # optimiser steps

@@ -337,8 +337,14 @@ def test_a_longer_resumed_run_keeps_the_schedule_and_can_stretch_it(tmp_path, te
     assert "note: the schedule is the run's: its cosine decay ends at iter 8" in capsys.readouterr().out
     lrs = [r["lr"] for r in read_log(keep)]
     assert lrs[:9] == first and lrs[9:] == [2e-4] * 4           # the same schedule, then min_lr
-    assert train.main(args(text_file, stretch, "--init_from=resume", "--max_iters=12", "--lr_decay_iters=12")) == 0
-    lrs = [r["lr"] for r in read_log(stretch)]
+    assert train.main(args(text_file, stretch, "--init_from=resume", "--max_iters=12", "--lr_decay_iters=12")) == 2
+    assert "lr_decay_iters=12 (checkpoint: 8); pass --allow_changed=lr_decay_iters" in error_line(capsys)
+    assert train.main(args(text_file, stretch, "--init_from=resume", "--max_iters=12", "--lr_decay_iters=12",
+                           "--allow_changed=lr_decay_iters")) == 0
+    assert "note: --allow_changed: from iter 8 on, lr_decay_iters=12 (was 8)" in capsys.readouterr().err
+    log = read_log(stretch)
+    assert log[9] == dict(iter=8, changed_on_resume=dict(lr_decay_iters=[8, 12]))   # the log says where and how
+    lrs = [r["lr"] for r in log if "lr" in r]
     assert lrs[9:] == [train.cosine_lr(it, 2e-3, 2, 12, 2e-4) for it in range(8, 12)]   # re-stretched
 
 
