@@ -709,3 +709,52 @@ def test_a_signal_while_sampling_stops_at_once(tmp_path, text_file, capfd):
     assert time.monotonic() - started < 45
     assert "SIGTERM while sampling: stopped; the run is saved" in capfd.readouterr().err
     assert load_checkpoint(str(out / "ckpt.npz"))["state"]["iter"] == MAX
+
+
+# ----------------------------------------------------------------------------- checkpoints checked before the log
+
+def spoil_checkpoint(path, state=None, array=None):
+    """Rewrite a checkpoint with some of its state's fields replaced, or one array set to nan."""
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    if state:
+        arrays["state"] = np.array(json.dumps(dict(json.loads(str(arrays["state"])), **state)))
+    if array:
+        name = next(k for k in arrays if k.startswith(array))
+        arrays[name] = np.full_like(arrays[name], np.nan)
+    np.savez(path, **arrays)
+
+
+@pytest.mark.parametrize("case, words", [
+    ("negative iter", "is not a state train.py writes (state.iter=-1, not a whole number >= 0)"),
+    ("nan weight", "holds non-finite values (model/"),
+    ("nan optimiser moment", "holds non-finite values (optim/"),
+    ("inf best loss", "state.best_val_loss=inf, not a finite number"),
+    ("another run's log", "starts at iter 9, after the checkpoint's iter 8"),
+    ("two runs in the log", "line 10 goes back from iter 8 to iter 0: the log holds more than one run"),
+])
+def test_a_checkpoint_or_log_that_fails_is_named_before_anything_is_written(case, words, tmp_path, text_file, capsys):
+    """A negative iteration cut log.jsonl to 0 bytes before the error; nan weights were resumed
+    and called the last good checkpoint. The loader checks the state, the arrays and the log
+    whole before it touches either file."""
+    out = tmp_path / "out"
+    assert train.main(args(text_file, out)) == 0
+    ckpt, log = out / "ckpt.npz", out / "log.jsonl"
+    if case == "negative iter":
+        spoil_checkpoint(ckpt, state=dict(iter=-1))
+    elif case == "nan weight":
+        spoil_checkpoint(ckpt, array="model/")
+    elif case == "nan optimiser moment":
+        spoil_checkpoint(ckpt, array="optim/m.")
+    elif case == "inf best loss":
+        spoil_checkpoint(ckpt, state=dict(best_val_loss=float("inf")))
+    elif case == "another run's log":
+        log.write_text("".join(json.dumps(dict(r, iter=r["iter"] + 9)) + "\n" for r in read_log(out)))
+    else:
+        log.write_bytes(log.read_bytes() * 2)
+    before = ckpt.read_bytes(), log.read_bytes()
+    capsys.readouterr()
+    assert train.main(args(text_file, out, "--init_from=resume", "--max_iters=12")) == 2
+    line = error_line(capsys)
+    assert words in line and "last good" not in line.lower(), line
+    assert (ckpt.read_bytes(), log.read_bytes()) == before                # nothing cut, nothing written

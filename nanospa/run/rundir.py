@@ -310,12 +310,14 @@ def heal_log(path, last_iter):
     """Cut log.jsonl back to what a checkpoint at iteration `last_iter` covers, in place, by
     truncation: a partial last record (no newline, or not JSON, at the very end) and every
     record with iter > last_iter. -> (number of records kept, notes naming file and line).
-    RunDirError for a damaged record that is followed by others."""
+    RunDirError, and nothing cut, for a damaged record that is followed by others, a log whose
+    iters go back (two runs in one file) and one that starts after the checkpoint (another
+    run's: cutting it would empty it)."""
     p = Path(path)
     if not p.exists():
         return 0, []
     data = p.read_bytes()
-    pos, line, kept, cut, notes = 0, 0, 0, None, []
+    pos, line, kept, cut, notes, last = 0, 0, 0, None, [], None
     while pos < len(data):
         line += 1
         end = data.find(b"\n", pos)
@@ -331,18 +333,24 @@ def heal_log(path, last_iter):
             if rest.strip(b"\0 \n"):
                 raise RunDirError(f"{p} line {line} is not a complete log record, and records follow it: "
                                   "the log is damaged; repair or delete that line")
-            notes.append(f"note: {p} line {line} is a partial record ({len(raw)} bytes; the run was killed "
-                         f"or its disk was full while writing it): cut, the log ends at line {line - 1}")
-            cut = pos
+            if cut is None:
+                notes.append(f"note: {p} line {line} is a partial record ({len(raw)} bytes; the run was killed "
+                             f"or its disk was full while writing it): cut, the log ends at line {line - 1}")
+                cut = pos
             break
-        if it > last_iter:
+        if last is not None and it < last:
+            raise RunDirError(f"{p} line {line} goes back from iter {last} to iter {it}: the log holds more than "
+                              "one run; move it away (the checkpoint's run then starts a new log)")
+        if it > last_iter and cut is None:
+            if line == 1:
+                raise RunDirError(f"{p} starts at iter {it}, after the checkpoint's iter {last_iter}: it is not "
+                                  "this checkpoint's log; move it away (the run then starts a new log)")
             notes.append(f"note: {p} lines {line}.. hold iters {it}.. written after the checkpoint "
                          f"(iter {last_iter}): cut, the resumed run logs them again")
             cut = pos
-            break
-        kept += 1
-        pos = end + 1
-    if cut is not None:
+        kept += cut is None
+        last, pos = it, end + 1
+    if cut is not None:                        # checked whole first: nothing is cut from a log refused
         os.truncate(p, cut)
     return kept, notes
 
