@@ -36,7 +36,7 @@ from dataclasses import fields
 import numpy as np
 from tqdm import tqdm
 
-from data import check_length, check_tokenizer, get_batch, load_dataset, unigram_entropy
+from data import check_length, check_tokenizer, encode_prompt, get_batch, load_dataset, unigram_entropy
 from nanospa import backend
 from nanospa.beyond import blockwise
 from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, RATES, check_optimizer, make_optimizer, rates_for
@@ -177,6 +177,7 @@ def train(argv):
         check_length(ds, T)                           # DataError when a split is shorter than T + 1
         print(f"data: {ds.name}: {len(ds.train):,} train / {len(ds.val):,} val {ds.tokenizer} tokens, unigram "
               f"entropy {unigram_entropy(ds.train, ds.vocab_size):.3f} nats/token (a context-free predictor)")
+        prompt = encode_prompt(ds.encode, s["start"], ds.vocab_size)[None, :]   # (1, t): refused now, not after the run
         eval_rng = np.random.default_rng(EVAL_SEED)
         eval_sets = {split: [get_batch(tokens, B * A, T, eval_rng) for _ in range(s["eval_iters"])]
                      for split, tokens in (("train", ds.train), ("val", ds.val))}   # each a step's batch
@@ -312,7 +313,6 @@ def train(argv):
         # -- sample
         run.stop.disarm("while sampling: stopped; the run is saved")   # a signal now stops at once
         if s["sample_tokens"] and world.is_main:
-            prompt = ds.encode(s["start"])[None, :]   # (1, t)
             out = model.generate(prompt, s["sample_tokens"], temperature=s["temperature"],
                                  top_k=s["top_k"] or None, rng=np.random.default_rng(s["seed"]))
             print("sample:\n" + ds.decode(out[0]))

@@ -170,21 +170,35 @@ def check_same_model(settings, saved, keys):
 def data_identity(meta, spec):
     """What a checkpoint records of its corpus (a data.Dataset's meta and the --data spec):
     the sha256 of its tokens names the text, whatever its path or modification time."""
+    bpe = meta.get("bpe") or {}                  # a subword tokenizer: the sha256 of its own file too
     return dict(spec=spec, name=meta.get("name"), tokens=meta.get("bytes"), sha256=meta.get("sha256"),
-                tokenizer=meta.get("tokenizer", TOKENIZER), vocab_size=meta.get("vocab_size"))
+                tokenizer=meta.get("tokenizer", TOKENIZER), vocab_size=meta.get("vocab_size"),
+                tokenizer_sha256=(bpe.get("sha256") or {}).get("tokenizer.json"))
+
+
+def different_data(saved, current):
+    """The fields of two data_identity dicts that differ (the corpus's sha256, the tokenizer and,
+    where both record it, the sha256 of the tokenizer's own file): [] when they are the same."""
+    keys = ["sha256", "tokenizer"] + (["tokenizer_sha256"] if saved.get("tokenizer_sha256")
+                                      and current.get("tokenizer_sha256") else [])
+    return [k for k in keys if saved.get(k) != current.get(k)]
+
+
+def describe_data(d):
+    return (f"{d.get('name')!r} ({d.get('tokens') or 0:,} bytes, sha256 {str(d.get('sha256'))[:12]}, "
+            f"{d.get('tokenizer')} tokens" + (f", tokenizer sha256 {d['tokenizer_sha256'][:12]}"
+                                             if d.get("tokenizer_sha256") else "") + ")")
 
 
 def check_same_data(path, saved, current, allow=False):
     """-> whether the checkpoint at `path` was trained on another corpus or tokenizer than
     `current` (both data_identity dicts; saved None, an older checkpoint: False, unchecked);
     CheckpointError when it was and `allow` is false."""
-    if not saved or all(saved.get(k) == current.get(k) for k in ("sha256", "tokenizer")):
+    if not saved or not different_data(saved, current):
         return False
     if allow:
         return True
-    def what(d):
-        return (f"{d.get('name')!r} ({d.get('tokens') or 0:,} tokens, sha256 {str(d.get('sha256'))[:12]}, "
-                f"{d.get('tokenizer')} tokens)")
+    what = describe_data
     raise CheckpointError(f"{path} was trained on {what(saved)}, --data={current['spec']} is {what(current)}: "
                           "resuming on another corpus is refused; pass --new_data=True to continue on it "
                           "(its best validation loss then starts afresh)")
