@@ -178,6 +178,11 @@ def train(argv):
         print(f"data: {ds.name}: {len(ds.train):,} train / {len(ds.val):,} val {ds.tokenizer} tokens, unigram "
               f"entropy {unigram_entropy(ds.train, ds.vocab_size):.3f} nats/token (a context-free predictor)")
         prompt = encode_prompt(ds.encode, s["start"], ds.vocab_size)[None, :]   # (1, t): refused now, not after the run
+        cfg = GPTConfig(vocab_size=ds.vocab_size, **{k: s[k] for k in MODEL_KEYS})   # the tokenizer's size
+        # A size this machine cannot hold is refused now, before anything is allocated: the run's
+        # weights, the evaluation batches and a step's (int64 x and y), a step, the signal statistics
+        check_fits(cfg, B // world.size, s["device"], held_tokens=2 * (2 * s["eval_iters"] + 1) * B * A * T,
+                   probe=(min(PROBE_ROWS, B * A), min(T, SIGNAL_POSITIONS)), kfac=s["optimizer"] == "kfac")
         eval_rng = np.random.default_rng(EVAL_SEED)
         eval_sets = {split: [get_batch(tokens, B * A, T, eval_rng) for _ in range(s["eval_iters"])]
                      for split, tokens in (("train", ds.train), ("val", ds.val))}   # each a step's batch
@@ -187,11 +192,9 @@ def train(argv):
         probe = eval_sets["val"][0][0][:PROBE_ROWS, :SIGNAL_POSITIONS]
 
         # -- model and init summary
-        cfg = GPTConfig(vocab_size=ds.vocab_size, **{k: s[k] for k in MODEL_KEYS})   # the tokenizer's size
         blocks = blockwise.implementation(cfg) == "blockwise"   # its attention shares blocks among threads
         threads.set_threads(threads.cpu_threads(s["threads"], B // world.size, blocks) if s["device"] == "cpu" else 1)
         malloc.keep_freed_memory()                    # no page faults from each step's fresh arrays
-        check_fits(cfg, B // world.size, s["device"])    # a size this machine cannot hold: refused now
         model = GPT(cfg, seed=s["seed"])              # ValueError: e.g. an unreachable activation target
         # A checkpoint's arrays are C-ordered; some fresh weights are not (orthogonal init). Loading
         # either way gives both runs the same memory layout, so BLAS repeats the same roundings.

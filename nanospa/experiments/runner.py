@@ -383,7 +383,8 @@ def _run(spec, argv, s, t0, started):
     configs, plans = {}, {}
     for label, m in methods.items():
         cfg = model_config(s, m, ds.vocab_size)
-        check_fits(cfg, s["batch_size"], s["device"])  # a size this machine cannot hold: refused now
+        check_fits(cfg, s["batch_size"], s["device"],  # a size this machine cannot hold: refused now
+                   kfac=m.optimizer.get("optimizer") == "kfac")
         plans[label] = dict(make_plan(cfg).info)   # surfaces plan errors before any training
         configs[label] = cfg.to_dict()
     out = Path(s["out"])
