@@ -122,3 +122,26 @@ def test_an_allowed_change_is_in_the_log_and_restarts_the_best_validation_loss(t
     best = min(r["val_loss"] for r in log[4:] if "val_loss" in r)         # only the new evaluation set's
     assert f"(best {best:.4f})" in captured.out
     assert set(EVALUATION) <= set(RESUME_KINDS["run"])
+
+
+@pytest.mark.parametrize("key, value", [("batch_size", "16"), ("learning_rate", float("inf")), ("overwrite", 1),
+                                        ("eval_only", "yes"), ("beta1", None)])
+def test_a_hand_edited_checkpoint_setting_is_refused_by_name(key, value, checkpoint, tmp_path):
+    """A setting of the wrong type typed the command line's value too ('--batch_size=32' became
+    the string '32') and then raised TypeError in the checks."""
+    import shutil
+
+    import numpy as np
+    out = tmp_path / "out"
+    shutil.copytree(checkpoint, out)
+    with np.load(out / "ckpt.npz", allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    settings = json.loads(str(arrays["settings"]))
+    settings[key] = value
+    arrays["settings"] = np.array(json.dumps(settings))
+    np.savez(out / "ckpt.npz", **arrays)
+    if key in RESUME_KINDS["per_run"]:                 # never read from a checkpoint: nothing to refuse
+        assert resume(out, "--batch_size=4")[0][key] == train.DEFAULTS[key]
+        return
+    with pytest.raises(CheckpointError, match=rf"its settings hold {key}={value!r}, not values train.py writes"):
+        resume(out, "--batch_size=32")

@@ -84,6 +84,16 @@ EVALUATION = ("batch_size", "grad_accum", "eval_iters")   # they make the evalua
 CONFIG_FIELDS = tuple(f.name for f in fields(GPTConfig))
 
 
+def _like(value, default):
+    """Whether a checkpoint's setting has the type of train.py's default (an int for a float),
+    finite where it is a number."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, type(default))
+
+
 def resume_kind(key):
     """The kind of a train.py setting on resume (RESUME_KINDS), or None for an unknown key."""
     for kind, keys in RESUME_KINDS.items():
@@ -200,6 +210,11 @@ class Session:
         if s["init_from"] == "resume":                # the checkpoint's settings, then the command line's
             self.ckpt = world.bcast(load_checkpoint(self.files.ckpt) if world.is_main else None)
             saved = {k: v for k, v in self.ckpt["settings"].items() if k in self.defaults and k not in PER_RUN}
+            wrong = [k for k, v in saved.items() if not _like(v, self.defaults[k])]
+            if wrong:                                 # they would type the command line's values too
+                raise CheckpointError(f"{self.files.ckpt}: its settings hold " + ", ".join(
+                    f"{k}={saved[k]!r}" for k in wrong) + ", not values train.py writes (of the type of its "
+                    "default, finite): the file was edited or damaged; delete it or use --init_from=scratch")
             s = self.settings = settings_of(self.argv, {**self.defaults, **saved, "out_dir": out_dir}, self.presets)
             try:                                      # the same run, or refused (RESUME_KINDS)
                 self.changed = resume_changes(s, self.ckpt, self.defaults, allowed)
