@@ -379,6 +379,10 @@ def _run(spec, argv, s, t0, started):
     nanospa_data.check_length(ds, s["block_size"])
     unigram = float(nanospa_data.unigram_entropy(ds.train, ds.vocab_size))
     methods = selected_methods(spec, s)
+    unused = [k for k in BASE_FIELDS if k in s["_explicit"] and all(k in m.config for m in methods.values())]
+    if unused:                                     # each method sets its own: say so, the table shows theirs
+        print(f"note: {', '.join(f'--{k}={s[k]}' for k in unused)} applies to no method here: each sets its own "
+              "(table.md reports what each trained)", file=sys.stderr)
     from ..signal.budget import make_plan
     configs, plans = {}, {}
     for label, m in methods.items():
@@ -449,7 +453,7 @@ def _run(spec, argv, s, t0, started):
     result["provenance"] = provenance(spec.NAME, argv, s, started, t0)
     write_json(out / "result.json", result)
     write_text(out / "table.md", markdown(result))
-    wrote = getattr(spec, "plot", plot)(result, out / "plot.png", getattr(spec, "PANELS", None))
+    wrote = draw(spec, result, out)
     print("\n".join(f"  {line}" for line in result["findings"]))
     print(f"wrote {out / 'result.json'}, {out / 'table.md'}" + (f", {out / 'plot.png'}" if wrote else "")
           + f" in {duration(time.time() - t0)}")
@@ -532,7 +536,11 @@ def merge_held(result, held, jobs):
 def rerender(spec, out):
     """Rewrite table.md and plot.png (and the findings in result.json) of a finished run from
     its result.json, e.g. after a change to the findings' wording. No training."""
-    out = Path(out)
+    with holding(out):                            # one writer per result folder
+        return _rerendered(spec, Path(out))
+
+
+def _rerendered(spec, out):
     result = json.loads((out / "result.json").read_text(encoding="utf-8"))
     for note in records.check(result, out / "result.json"):   # a changed or duplicated run: refused
         print(note, file=sys.stderr)
@@ -540,8 +548,20 @@ def rerender(spec, out):
     result["findings"] = list(spec.findings(result))
     write_json(out / "result.json", result)
     write_text(out / "table.md", markdown(result))
-    getattr(spec, "plot", plot)(result, out / "plot.png", getattr(spec, "PANELS", None))
+    draw(spec, result, out)
     return result
+
+
+def draw(spec, result, out):
+    """plot.png of `result` -> whether it was drawn. Without matplotlib, a plot.png of the
+    folder's earlier results is removed (it would stand beside a table it does not show)."""
+    path = Path(out) / "plot.png"
+    wrote = getattr(spec, "plot", plot)(result, path, getattr(spec, "PANELS", None))
+    if not wrote and path.exists():
+        path.unlink()
+        print(f"removed {path}: it drew the results before this command's, and cannot be drawn again here "
+              "(rerender it where matplotlib is installed)")
+    return wrote
 
 
 def main(spec, argv=None):
