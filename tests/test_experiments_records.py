@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nanospa.experiments import records, report, reuse
+from nanospa.experiments import records, report, reuse  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 

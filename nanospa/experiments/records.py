@@ -1,6 +1,7 @@
 """A run's record in result.json, and the checks every reader of one applies before it counts
 a run: merging into a folder (runner.held_result), --reuse (reuse.load), rerender.
 
+    job_key(job)           the identity of a run: every field of its job but the label
     checksum(run)          the sha256 of the record's canonical JSON, its "checksum" left out
     seal(run)              -> the record with its checksum (runner.on_result, as it is written)
     legacy_key(result, label, run)   the key of a run written before runs had keys, rebuilt
@@ -22,19 +23,23 @@ names the former batch sampler (LEGACY_BATCHES), which no job today has: such a 
 and counted, never taken for a new job (reuse.py). Runs of results written since keys and
 checksums pass unchanged.
 
-Not here: what a job's key holds (reuse.job_key), the merge (runner.merge_held).
+Not here: which runs are taken from other results (reuse.py), the merge (runner.merge_held).
 """
 import hashlib
 import json
 
 import numpy as np
 
-from . import reuse
-
-RUN_FIELDS = reuse.RUN_FIELDS
+SKIP = ("label",)     # not in a job's key: one run may serve several experiments under another label
+RUN_FIELDS = ("lr", "seed", "history", "final_train", "final_val", "diverged")   # what every run holds
 CURVE_POINTS = 1000             # runner.CURVE_POINTS: a run logs every max(1, steps // this) steps
 LEGACY_BATCHES = "the experiments' own sampler, before 2026-12-02"   # runner.BATCHES before keys
 KEY_FROM = "rebuilt from the recorded settings (written before job keys)"
+
+
+def job_key(job):
+    """The identity of a run: every field of its job but the method's label (reuse.py)."""
+    return json.dumps({k: v for k, v in job.items() if k not in SKIP}, sort_keys=True)
 
 
 def _plain(x):
@@ -72,7 +77,7 @@ def legacy_key(result, label, run):
                weight_decay=s["weight_decay"], grad_clip=s["grad_clip"], eval_batches=s["eval_batches"],
                log_every=max(1, steps // CURVE_POINTS), data=s["data"], device=s["device"],
                tokenizer=s.get("tokenizer", "byte"), batches=LEGACY_BATCHES)
-    return reuse.job_key(job)
+    return job_key(job)
 
 
 def _name(label, run):

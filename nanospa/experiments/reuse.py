@@ -22,12 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-SKIP = ("label",)     # one run may serve several experiments under another label
-RUN_FIELDS = ("lr", "seed", "history", "final_train", "final_val", "diverged")   # what a reused run must hold
-
-
-def job_key(job):
-    return json.dumps({k: v for k, v in job.items() if k not in SKIP}, sort_keys=True)
+from .records import RUN_FIELDS, SKIP, check, job_key  # noqa: F401 (job_key, RUN_FIELDS: reuse's API too)
 
 
 def load(paths):
@@ -43,8 +38,7 @@ def load(paths):
             raise ValueError(f"reuse: cannot read runs from {path} (no field {e})") from None
         except (OSError, ValueError, TypeError, AttributeError) as e:
             raise ValueError(f"reuse: cannot read runs from {path} ({type(e).__name__})") from None
-        from .records import check              # every run as it was written, once each
-        for note in check(result, path):
+        for note in check(result, path):        # every run as it was written, once each
             print(note, file=sys.stderr)
         here = {"from": str(path), "commit": (result.get("provenance") or {}).get("commit")}
         for label, m, runs in methods:
