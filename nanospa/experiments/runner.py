@@ -21,8 +21,14 @@ and the runner does the rest: methods x learning-rate grid x seeds (a process po
 Every GPTConfig field is also a setting; set explicitly, it applies to every method (after
 the method's own fields), e.g. --kernel_budget=independent or --residual_beta=0.2.
 
+One command writes --out at a time (holding(out): out/run.lock for the whole command). A
+rerun into a folder merges into its result.json after checking every run there
+(records.check: a changed or duplicated run is refused, a run without a key is keyed and
+kept), or refuses with one line (another experiment, other settings) unless --replace=True.
+
 Not here: how the outputs are written and how a stall is read (report.py: provenance,
-JSON, Markdown, plots, STALL_MARGIN, the findings' helpers); one training run (common.py).
+JSON, Markdown, plots, STALL_MARGIN, the findings' helpers); one training run (common.py);
+a run's record, its checksum and the checks (records.py).
 """
 import contextlib
 import datetime
