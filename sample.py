@@ -4,19 +4,22 @@
 
 Reads out_dir/ckpt.npz (train.py's), rebuilds the model from the checkpoint's own
 configuration and weights, and continues the prompt num_samples times with the checkpoint's
-own tokenizer (bytes, or the byte-level BPE of its corpus, read from the data cache). The
-prompt is text, or @FILE for a file's text. Exit status: 0 done; 2 with one error: line for
-a bad setting or a missing, partial or foreign checkpoint (nothing is trained or written).
+own tokenizer (bytes, or the byte-level BPE of its corpus, read from the data cache; refused
+when the corpus or the tokenizer is no longer the one the checkpoint records). The prompt is
+text, or @FILE for a file's text. Exit status: 0 done; 2 with one error: line for a bad
+setting or a missing, partial, non-finite or foreign checkpoint (nothing is trained or written).
 """
+import os
 import sys
 
 import numpy as np
 
-from data import decode, encode, load_dataset
+from data import decode, encode, encode_prompt, load_dataset
 from nanospa import backend
 from nanospa.config import GPTConfig
 from nanospa.model import GPT
-from nanospa.run.checkpoint import CheckpointError, load_checkpoint
+from nanospa.run.checkpoint import (CheckpointError, data_identity, describe_data, different_data, load_checkpoint,
+                                    non_finite_arrays)
 from nanospa.run.rundir import CKPT_FILE
 from nanospa.run.settings import SettingsError, help_text, parse_settings, run_command, source_notes, wants_help
 
@@ -35,6 +38,8 @@ DEFAULTS = dict(
 def settings(argv):
     s = parse_settings(argv, DEFAULTS)
     del s["_explicit"]
+    if not s["out_dir"].strip():                            # "" would read ./ckpt.npz (it read /ckpt.npz)
+        raise SettingsError("--out_dir is empty: name the folder of a train.py run")
     for key in ("num_samples", "max_new_tokens"):
         if s[key] < 1:
             raise SettingsError(f"{key} must be a positive integer, got {s[key]!r}")
@@ -58,8 +63,11 @@ def prompt_text(start):
         raise SettingsError(f"--start={start}: cannot read {start[1:]} ({getattr(e, 'strerror', None) or e})") from None
 
 
-def codec(ckpt, path):
-    """(encode, decode) of the checkpoint's tokenizer: bytes, or its corpus's BPE (cached)."""
+def codec(ckpt, path, vocab_size):
+    """(encode, decode) of the checkpoint's tokenizer: bytes, or its corpus's BPE (cached). The
+    BPE is trained on the corpus, so it is the checkpoint's only while the corpus is: the
+    corpus's sha256 (and the tokenizer file's, where the checkpoint records it) must be the
+    ones recorded at training, else another tokenizer would cut the prompt into other tokens."""
     run = ckpt["settings"]
     if run.get("tokenizer", "byte") == "byte":
         return encode, decode
@@ -68,26 +76,32 @@ def codec(ckpt, path):
     except Exception as e:                                  # the corpus or its cache is gone
         raise CheckpointError(f"{path} was trained with --tokenizer={run['tokenizer']} on --data={run['data']}, "
                               f"whose tokenizer cannot be loaded here ({' '.join(str(e).split())})") from None
+    saved, now = ckpt["state"].get("data"), data_identity(ds.meta, run["data"])
+    if not saved:                                           # written before checkpoints recorded the corpus
+        print(f"note: {path} does not record its corpus: the tokenizer of --data={run['data']} is taken as "
+              "its own, unchecked", file=sys.stderr)
+    elif different_data(saved, now) or ds.vocab_size != vocab_size:
+        raise CheckpointError(f"{path} was trained with the {run['tokenizer']} tokenizer of {describe_data(saved)}; "
+                              f"--data={run['data']} is now {describe_data(now)}, whose tokenizer is another "
+                              "(the prompt would be cut into other tokens): restore that corpus, or sample a "
+                              "checkpoint trained on this one")
     return ds.encode, ds.decode
 
 
 def sample(s):
-    path = f"{s['out_dir'].rstrip('/')}/{CKPT_FILE}"
+    path = os.path.join(s["out_dir"], CKPT_FILE)
     ckpt = load_checkpoint(path, purpose="sample")
     try:
         cfg = GPTConfig(**ckpt["config"])
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path} does not hold a nanospa model configuration ({e})") from None
-    enc, dec = codec(ckpt, path)
-    text = prompt_text(s["start"])
-    idx = np.asarray(enc(text), dtype=np.int64)
-    if idx.size == 0:
-        raise SettingsError("--start: an empty prompt (give at least one character)")
-    if idx.max() >= cfg.vocab_size:
-        raise CheckpointError(f"{path}: the prompt's token ids reach {idx.max()}, beyond the model's vocabulary "
-                              f"of {cfg.vocab_size}")
+    enc, dec = codec(ckpt, path, cfg.vocab_size)
+    idx = encode_prompt(enc, prompt_text(s["start"]), cfg.vocab_size)
     backend.use(s["device"])
     model = GPT(cfg, seed=0)
+    bad = non_finite_arrays(ckpt, model)
+    if bad:
+        raise CheckpointError(f"{path} holds non-finite weights ({', '.join(bad[:3])}): it has nothing to sample")
     model.load_state_dict(ckpt["model"])                   # ValueError: a foreign or damaged model
     rng = np.random.default_rng(s["seed"])
     print(f"{path}: iter {ckpt['state']['iter']}, {model.num_params():,} parameters, {cfg.attention} attention; "

@@ -36,7 +36,7 @@ from dataclasses import fields
 import numpy as np
 from tqdm import tqdm
 
-from data import check_length, check_tokenizer, get_batch, load_dataset, unigram_entropy
+from data import check_length, check_tokenizer, encode_prompt, get_batch, load_dataset, unigram_entropy
 from nanospa import backend
 from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, RATES, check_optimizer, make_optimizer, rates_for
 from nanospa.config import GPTConfig
@@ -66,6 +66,7 @@ TRAIN_DEFAULTS = dict(
     init_from="scratch",       # scratch | resume (continue from out_dir/ckpt.npz)
     overwrite=False,           # scratch: replace the run (ckpt.npz, log.jsonl) an out_dir already holds
     new_data=False,            # resume: allow a corpus other than the checkpoint's (best val loss starts afresh)
+    allow_changed="",          # resume: settings that may differ from the checkpoint's, e.g. batch_size,eval_iters (the log notes it)
     eval_only=False,           # evaluate once (at init or at the checkpoint) and exit; writes nothing
     preset="",                 # named bundle of settings applied before the other overrides: gpu
     max_iters=2500,            # optimiser steps
@@ -176,6 +177,12 @@ def train(argv):
         check_length(ds, T)                           # DataError when a split is shorter than T + 1
         print(f"data: {ds.name}: {len(ds.train):,} train / {len(ds.val):,} val {ds.tokenizer} tokens, unigram "
               f"entropy {unigram_entropy(ds.train, ds.vocab_size):.3f} nats/token (a context-free predictor)")
+        prompt = encode_prompt(ds.encode, s["start"], ds.vocab_size)[None, :]   # (1, t): refused now, not after the run
+        cfg = GPTConfig(vocab_size=ds.vocab_size, **{k: s[k] for k in MODEL_KEYS})   # the tokenizer's size
+        # A size this machine cannot hold is refused now, before anything is allocated: the run's
+        # weights, the evaluation batches and a step's (int64 x and y), a step, the signal statistics
+        check_fits(cfg, B // world.size, s["device"], held_tokens=2 * (2 * s["eval_iters"] + 1) * B * A * T,
+                   probe=(min(PROBE_ROWS, B * A), min(T, SIGNAL_POSITIONS)), kfac=s["optimizer"] == "kfac")
         eval_rng = np.random.default_rng(EVAL_SEED)
         eval_sets = {split: [get_batch(tokens, B * A, T, eval_rng) for _ in range(s["eval_iters"])]
                      for split, tokens in (("train", ds.train), ("val", ds.val))}   # each a step's batch
@@ -185,11 +192,9 @@ def train(argv):
         probe = eval_sets["val"][0][0][:PROBE_ROWS, :SIGNAL_POSITIONS]
 
         # -- model and init summary
-        cfg = GPTConfig(vocab_size=ds.vocab_size, **{k: s[k] for k in MODEL_KEYS})   # the tokenizer's size
         blocks = getattr(evaluation(cfg), "by_blocks", False)   # its attention shares blocks among threads
         threads.set_threads(threads.cpu_threads(s["threads"], B // world.size, blocks) if s["device"] == "cpu" else 1)
         malloc.keep_freed_memory()                    # no page faults from each step's fresh arrays
-        check_fits(cfg, B // world.size, s["device"])    # a size this machine cannot hold: refused now
         model = GPT(cfg, seed=s["seed"])              # ValueError: e.g. an unreachable activation target
         # A checkpoint's arrays are C-ordered; some fresh weights are not (orthogonal init). Loading
         # either way gives both runs the same memory layout, so BLAS repeats the same roundings.
@@ -312,7 +317,6 @@ def train(argv):
         # -- sample
         run.stop.disarm("while sampling: stopped; the run is saved")   # a signal now stops at once
         if s["sample_tokens"] and world.is_main:
-            prompt = ds.encode(s["start"])[None, :]   # (1, t)
             out = model.generate(prompt, s["sample_tokens"], temperature=s["temperature"],
                                  top_k=s["top_k"] or None, rng=np.random.default_rng(s["seed"]))
             print("sample:\n" + ds.decode(out[0]))

@@ -78,6 +78,11 @@ class GPTConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} is not one of {list(allowed)}")
 
+        for f in fields(self):              # nan passes a range check written as `x <= 1` or `x < 0`
+            value = getattr(self, f.name)
+            if f.type in (float, "float") and not (isinstance(value, (int, float, np.number))
+                                                    and not isinstance(value, bool) and np.isfinite(value)):
+                raise ValueError(f"GPTConfig.{f.name} must be a finite number, got {value!r}")
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:

@@ -471,6 +471,7 @@ class GPT(Module):
         if top_k is not None and not (isinstance(top_k, (int, np.integer)) and top_k >= 1):
             raise ValueError(f"generate: top_k must be None or an integer >= 1, got {top_k!r}")
         rng = rng if rng is not None else np.random.default_rng(0)
+        idx = _as_index(idx, "generate: idx", self.config.vocab_size)   # forward's checks: no silent int cast
         out = np.asarray(backend.to_numpy(idx), dtype=np.int64)
         with no_grad(), self.evaluating():                  # BatchNorm, PRepBN: running statistics
             for _ in range(max_new_tokens):

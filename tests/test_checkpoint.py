@@ -169,7 +169,7 @@ def test_the_corpus_and_tokenizer_are_recorded_and_checked(tmp_path):
     meta = dict(name="tiny.txt", bytes=1000, sha256="ab" * 32, vocab_size=256)
     ident = data_identity(meta, "tiny.txt")
     assert ident == dict(spec="tiny.txt", name="tiny.txt", tokens=1000, sha256="ab" * 32, tokenizer="byte",
-                         vocab_size=256)
+                         vocab_size=256, tokenizer_sha256=None)
     path, cfg, model, optimizer, rng = saved(tmp_path)
     save_checkpoint(str(path), model, optimizer, SETTINGS, cfg, training_state(3, 2.0, rng, ident, 1.5))
     stored = load_checkpoint(str(path))["state"]
@@ -179,13 +179,17 @@ def test_the_corpus_and_tokenizer_are_recorded_and_checked(tmp_path):
     other = dict(ident, sha256="cd" * 32, name="other.txt", spec="other.txt")
     with pytest.raises(CheckpointError) as e:
         check_same_data(path, stored["data"], other)
-    assert str(e.value).startswith(f"{path} was trained on 'tiny.txt' (1,000 tokens, sha256 abababababab, byte tokens), "
+    assert str(e.value).startswith(f"{path} was trained on 'tiny.txt' (1,000 bytes, sha256 abababababab, byte tokens), "
                                    "--data=other.txt is 'other.txt'")
     assert "--new_data=True" in str(e.value)
     assert check_same_data(path, stored["data"], other, allow=True) is True
     assert check_same_data(path, None, other) is False              # an older checkpoint: unchecked
     with pytest.raises(CheckpointError, match="resuming on another corpus"):
         check_same_data(path, ident, dict(ident, tokenizer="bpe:512"))
+    bpe = dict(ident, tokenizer="bpe:300", tokenizer_sha256="01" * 32)   # the same corpus, another BPE file
+    with pytest.raises(CheckpointError, match="tokenizer sha256 010101010101"):
+        check_same_data(path, bpe, dict(bpe, tokenizer_sha256="02" * 32))
+    assert check_same_data(path, dict(bpe, tokenizer_sha256=None), bpe) is False    # recorded by one side only
 
 
 def test_a_checkpoint_that_does_not_fit_names_the_file(tmp_path):

@@ -1,5 +1,7 @@
 """Tests for nanospa/config.py: GPTConfig's validation on construction (one ValueError naming
 the field and the allowed values), its derived properties and its dict round trip."""
+from dataclasses import fields
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,12 @@ def test_dict_round_trip():
     assert GPTConfig.from_dict(d) == cfg
     assert GPTConfig.from_dict(dict(d, unknown_key=1)) == cfg           # extra keys are ignored
     assert GPTConfig.from_dict({"n_layer": 5}) == GPTConfig(n_layer=5)
+
+
+@pytest.mark.parametrize("name", [f.name for f in fields(GPTConfig) if f.type is float])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), "0.5"])
+def test_every_float_field_must_be_a_finite_number(name, value):
+    """nan passed the range checks written as x <= 1 or x < 0 (zeta, tau, gamma_final): from
+    Python every float field is now checked for a finite number, as the command line is."""
+    with pytest.raises(ValueError, match=rf"^GPTConfig.{name} must be a finite number, got"):
+        GPTConfig(**{name: value})

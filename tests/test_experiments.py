@@ -192,3 +192,18 @@ def test_dispatcher_lists_every_command(capsys):
     assert main(["--help"]) == 0
     text = capsys.readouterr().out
     assert all(name in text for name in COMMANDS)
+
+
+@pytest.mark.parametrize("name", ["fig1", "fig2", "budget"])
+def test_an_out_another_command_holds_is_refused_before_any_work(name, tmp_path, capsys):
+    """Every command that writes a result folder holds it (budget: its init check and its
+    training under one lock); the folder and what it holds are left as they were."""
+    from nanospa.run.rundir import RunLock
+    out = tmp_path / "o"
+    with RunLock(out, key="out"):                 # flock: a second open of the lock conflicts
+        (out / "result.json").write_text("{}")
+        assert main([name, "--preset=tiny", "--measure_width=8" if name == "budget" else "--preset=tiny",
+                     f"--out={out}"]) == 2
+        captured = capsys.readouterr()
+        assert captured.err.startswith(f"error: --out={out} is in use by pid {os.getpid()}") and "runs on" not in captured.out
+        assert sorted(p.name for p in out.iterdir()) == ["result.json", "run.lock"]

@@ -105,3 +105,89 @@ def test_sigterm_right_after_a_progress_line_keeps_that_run(tmp_path, after):
     assert p.returncode in (0, 143)
     runs = methods(out)["espa"]["runs"]
     assert len(runs) >= after and all(r["history"] and r["final_train"] is not None for r in runs)
+
+
+def test_one_writer_per_result_folder(tmp_path, capsys):
+    """Two commands into one --out at once both exited 0 and said they wrote result.json, which
+    held one process's methods only. Now the folder is locked for the whole command: the second
+    stops at once, one line naming the holder, nothing trained, and the first ends complete."""
+    out = tmp_path / "o"
+    p = subprocess.Popen([sys.executable, "-m", "nanospa.experiments", "fig2", "--preset=tiny", "--workers=0",
+                          "--lrs=1e-3,2e-3,3e-3,4e-3", "--methods=espa,softmax", f"--out={out}"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        for line in p.stdout:                      # the first run has started training
+            if line.startswith("["):
+                break
+        t0 = time.time()
+        assert fig2.main(TINY + ["--methods=uspa", f"--out={out}"]) == 2
+        assert time.time() - t0 < 5
+        captured = capsys.readouterr()
+        assert captured.err.count("\n") == 1 and f"--out={out} is in use by pid {p.pid}" in captured.err
+        assert "fig2" in captured.err and "[1/" not in captured.out         # names the command; trains nothing
+        assert fig2.main(TINY + ["--methods=uspa", "--replace=True", f"--out={out}"]) == 2   # nor to replace it
+    finally:
+        rest, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert set(methods(out)) == {"espa", "softmax"} and all(len(m["runs"]) == 4 for m in methods(out).values())
+    assert sorted(x.name for x in out.iterdir()) == sorted(["result.json", "table.md"] + ["plot.png"] * has_plot())
+    assert fig2.main(TINY + ["--methods=uspa", f"--out={out}"]) == 0        # free again: merges into it
+    assert set(methods(out)) == {"espa", "softmax", "uspa"}
+
+
+def has_plot():
+    try:
+        import matplotlib  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def test_a_run_without_a_key_is_kept_on_the_next_merge(tmp_path, capsys):
+    """It was dropped: 145 committed runs had none. Now it is keyed from the recorded settings
+    (with a note), kept and counted; a rerun of its very slot is refused (another sampler)."""
+    out = tmp_path / "o"
+    assert fig2.main(TINY + ["--methods=espa,softmax", f"--out={out}"]) == 0
+    held = json.loads((out / "result.json").read_text())
+    for m in held["methods"].values():
+        for r in m["runs"]:
+            del r["key"], r["checksum"]                               # as written before keys
+    (out / "result.json").write_text(json.dumps(held))
+    capsys.readouterr()
+    assert fig2.main(["--preset=tiny", "--lrs=5e-3", "--methods=espa", f"--out={out}"]) == 0
+    captured = capsys.readouterr()
+    assert "4 run(s) had no key" in captured.err and "(and 4 more runs kept there)" in captured.out
+    merged = methods(out)
+    assert sorted(r["lr"] for r in merged["espa"]["runs"]) == [1e-3, 3e-3, 5e-3] and len(merged["softmax"]["runs"]) == 2
+    assert merged["espa"]["lrs"] == [1e-3, 3e-3, 5e-3]
+    assert "| espa |" in (out / "table.md").read_text() and "| softmax |" in (out / "table.md").read_text()
+    assert fig2.main(["--preset=tiny", "--lrs=1e-3", "--methods=espa", f"--out={out}"]) == 2
+    assert "holds a run of espa at lr 0.001, seed 0 made differently" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["edited", "duplicated"])
+def test_an_edited_or_duplicated_run_is_refused_by_every_reader(how, tmp_path, capsys):
+    """It was kept and averaged as another seed. The merge, --reuse and rerender refuse it,
+    naming file, method, rate and seed; nothing is trained or written."""
+    from nanospa.experiments import runner
+    out = tmp_path / "o"
+    assert fig2.main(TINY + ["--methods=espa", f"--out={out}"]) == 0
+    held = json.loads((out / "result.json").read_text())
+    runs = held["methods"]["espa"]["runs"]
+    if how == "edited":
+        runs[0]["final_train"] -= 0.5
+    else:
+        runs.append(dict(runs[0]))
+    (out / "result.json").write_text(json.dumps(held))
+    before = (out / "result.json").read_text()
+    words = "does not match its checksum" if how == "edited" else "is there twice"
+    capsys.readouterr()
+    for argv in (TINY + ["--methods=espa", f"--out={out}"],
+                 TINY + ["--methods=espa", f"--out={tmp_path / 'new'}", f"--reuse={out}"]):
+        assert fig2.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"the run of espa at lr 0.001, seed 0 {words}" in err, err
+    with pytest.raises(ValueError, match=words):
+        runner.rerender(fig2, out)
+    assert (out / "result.json").read_text() == before and not (tmp_path / "new").exists()

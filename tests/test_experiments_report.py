@@ -4,8 +4,10 @@ helpers of the experiments' findings. The files of real runs are checked end to 
 tests/test_experiments.py."""
 import json
 import math
+import os
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,3 +133,30 @@ def test_ranking_and_loss_at_a_fraction_of_the_run():
     r["methods"]["gone"]["summary"]["curve"] = []
     assert math.isnan(report.loss_at(r, "gone", 0.5))
     assert 0 < MATCH_MARGIN < STALL_MARGIN
+
+
+def test_each_process_writes_through_its_own_temporary(tmp_path, monkeypatch):
+    """Two commands writing one folder's result.json shared result.json.tmp, and one crashed
+    when the other renamed it away: the temporary is PATH.PID.tmp now."""
+    seen, real = [], os.replace
+    monkeypatch.setattr(report.os, "replace", lambda a, b: (seen.append(Path(a).name), real(a, b)))
+    report.write_text(tmp_path / "table.md", "x")
+    assert seen == [f"table.md.{os.getpid()}.tmp"] and (tmp_path / "table.md").read_text() == "x"
+
+
+def test_the_setting_line_is_what_each_method_trained():
+    """A method that sets its own width (scaling's) trained that width, whatever --n_embd
+    said: the table named the --n_embd given. Now the line reports what every method trained,
+    and a shape that differs among methods gets a column with each one's."""
+    r = result(narrow=method_summary(2.0), wide=method_summary(2.5))
+    assert "- Setting: depth 4, width 16, 2 heads, T = 16, batch 2" in report.markdown(r)      # from the configs' defaults
+    for m in r["methods"].values():
+        m["config"].update(n_embd=64, n_head=4)                           # both overrode the command's width
+    md = report.markdown(r)
+    assert "- Setting: depth 4, width 64, 4 heads, T = 16, batch 2" in md and "width 16" not in md
+    r["methods"]["wide"]["config"].update(n_embd=128, n_layer=8)
+    md = report.markdown(r)
+    assert ("- Setting: depth per method, width per method, 4 heads, T = 16 (each method's in the column "
+            "n_layer x n_embd), batch 2") in md
+    assert "| method | model | n_layer x n_embd | steps |" in md
+    assert "| narrow | model narrow | 4 x 64 | 100 |" in md and "| wide | model wide | 8 x 128 | 100 |" in md

@@ -151,3 +151,30 @@ def test_the_study_preset_gives_each_kind_its_window_and_lrs_overrides_it():
     for argv in (["--preset=study", "--lrs=1e-3"], ["--preset=quick"]):
         s = runner.settings_for(fig2, argv)
         assert {m.grid(s) for m in fig2.methods(s).values()} == {tuple(s["lrs"])}
+
+
+def test_rerender_without_matplotlib_removes_the_stale_picture_and_holds_the_folder(tmp_path, capsys, monkeypatch):
+    """A plot.png of the folder's earlier results stood beside the rewritten table when the new
+    one could not be drawn; and rerender wrote into a folder another command held."""
+    from nanospa.experiments import fig2
+    from nanospa.run.rundir import RunDirError, RunLock
+    out = tmp_path / "fig2"
+    assert fig2.main(["--preset=tiny", "--methods=espa", f"--out={out}"]) == 0
+    (out / "plot.png").write_bytes(b"an earlier picture")
+    with RunLock(out, key="out"):
+        with pytest.raises(RunDirError, match=f"--out={out} is in use by pid"):
+            runner.rerender(fig2, out)
+    monkeypatch.setattr("nanospa.experiments.report.pyplot", lambda path: None)
+    capsys.readouterr()
+    runner.rerender(fig2, out)
+    assert not (out / "plot.png").exists() and f"removed {out / 'plot.png'}" in capsys.readouterr().out
+
+
+def test_an_explicit_shape_no_method_trains_is_named(tmp_path, capsys):
+    """scaling's methods set their own width: --n_embd=32 trained nothing at width 32."""
+    from nanospa.experiments import scaling
+    assert scaling.main(["--preset=tiny", "--methods=espa_w128_d24", "--lrs=1e-3", "--n_embd=32", "--n_layer=4",
+                         f"--out={tmp_path / 's'}"]) == 0
+    captured = capsys.readouterr()
+    assert "note: --n_layer=4, --n_embd=32 applies to no method here" in captured.err
+    assert "- Setting: depth 4, width 128," in (tmp_path / "s" / "table.md").read_text()

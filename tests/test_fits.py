@@ -55,7 +55,7 @@ def test_train_refuses_before_building_the_model(tmp_path, capsys, monkeypatch):
     text.write_text("some text to train on. " * 200)
     assert train.main([f"--data={text}", f"--out_dir={tmp_path / 'o'}", "--n_embd=4096", "--n_head=32"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: a training step of n_layer=12 n_embd=4096") and err.count("\n") == 1
+    assert err.startswith("error: a training run of n_layer=12 n_embd=4096") and err.count("\n") == 1
     assert not (tmp_path / "o" / "ckpt.npz").exists()
 
 
@@ -69,4 +69,42 @@ def test_the_benchmark_and_the_experiments_refuse_first(tmp_path, capsys, monkey
     assert experiments(["fig2", "--preset=tiny", "--n_embd=2048", "--n_head=2", f"--out={tmp_path / 'o'}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: a training step of n_layer=4 n_embd=2048") and "lower n_embd or n_layer" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_kfacs_factors_lie_below_a_real_kfac_runs_peak():
+    """K-FAC's factors and eigenvectors, counted with the step: still a lower bound."""
+    from nanospa.beyond.kfac import KFAC
+    cfg = GPTConfig(vocab_size=256, n_head=2, block_size=32, n_embd=64, n_layer=2)
+    x = np.random.default_rng(0).integers(0, 256, (4, cfg.block_size))
+    tracemalloc.start()
+    try:
+        model = GPT(cfg)
+        opt = KFAC(model, lr=1e-3, inv_interval=1)
+        for _ in range(2):
+            train_step(model, opt, x, x, 1.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    parts = least_bytes(cfg, 4, kfac=True)
+    assert total(least_bytes(cfg, 4)) < total(parts) <= peak, (parts, peak)
+
+
+@pytest.mark.parametrize("argv, part, lower", [
+    (["--batch_size=1", "--grad_accum=100000000"], "batches", "batch_size, grad_accum, eval_iters or block_size"),
+    (["--batch_size=1000000"], "activations", "batch_size or block_size"),
+    (["--optimizer=kfac", "--n_embd=1024", "--n_head=8"], "kfac", "n_embd or n_layer"),
+])
+def test_train_refuses_before_any_batch_is_drawn(argv, part, lower, tmp_path, capsys, monkeypatch):
+    """The evaluation batches (2 splits x eval_iters x 2 int64 arrays of batch_size x grad_accum
+    sequences) were drawn before the memory check: a huge --batch_size allocated until the
+    machine ran out instead of being refused. Now nothing is drawn or built first."""
+    monkeypatch.setattr("nanospa.run.fits.available_bytes", lambda device="cpu": 2e9)
+    monkeypatch.setattr(train, "get_batch", lambda *a, **k: pytest.fail("a batch was drawn"))
+    monkeypatch.setattr(train, "GPT", lambda *a, **k: pytest.fail("the model was built"))
+    text = tmp_path / "t.txt"
+    text.write_text("some text to train on. " * 200)
+    assert train.main([f"--data={text}", f"--out_dir={tmp_path / 'o'}", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: a training run of") and f"{part} " in err and f"lower {lower}" in err, err
     assert not (tmp_path / "o").exists()

@@ -136,8 +136,14 @@ def _doc_commands():
     """Every command line in README.md and docs/*.md that runs on a GPU: (file, command)."""
     out = []
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        fenced = False
         for line in path.read_text(encoding="utf-8").splitlines():
-            cmd = line.strip().split("   #")[0].strip().strip("`")
+            if line.strip().startswith("```"):
+                fenced = not fenced
+                continue
+            if not (fenced or line.startswith("    ")):      # code: indented or fenced, not prose
+                continue
+            cmd = line.strip().split("   #")[0].strip()
             if re.match(r"^(mpiexec .*)?python ", cmd) and re.search(r"cuda|preset=gpu|gpu_check|\[gpu\]", cmd):
                 out.append((path.name, cmd))
     return out

@@ -183,3 +183,28 @@ def test_a_failed_log_write_names_the_file_and_leaves_no_partial_record(tmp_path
     log.write(dict(iter=1, train_loss=2.0))  # space again: the log goes on
     log.close()
     assert [json.loads(x)["iter"] for x in path.read_text().splitlines()] == [0, 1]
+
+
+def test_heal_log_refuses_two_runs_in_one_file_and_cuts_nothing(tmp_path):
+    path = tmp_path / "log.jsonl"
+    data = records(0, 10, 20, 0, 10)                          # a second run appended to the first
+    path.write_bytes(data)
+    with pytest.raises(RunDirError, match=f"{path} line 4 goes back from iter 20 to iter 0: the log holds more "
+                                          "than one run"):
+        heal_log(path, 10)
+    assert path.read_bytes() == data
+
+
+def test_heal_log_never_empties_a_log_the_checkpoint_does_not_cover(tmp_path):
+    """A checkpoint at an iteration below the log's first record (negative: every record is
+    newer) truncated log.jsonl to 0 bytes before the resume failed. Now: refused, nothing cut."""
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(records(0, 10, 20))
+    with pytest.raises(RunDirError, match=r"starts at iter 0, after the checkpoint's iter -1: it is not this checkpoint"):
+        heal_log(path, -1)
+    assert path.read_bytes() == records(0, 10, 20)
+    path.write_bytes(records(10, 20))
+    with pytest.raises(RunDirError, match="starts at iter 10, after the checkpoint's iter 5"):
+        heal_log(path, 5)
+    path.write_bytes(records(0, 10, 20, partial=b'{"it'))       # the partial record after the cut: cut too
+    assert heal_log(path, 10)[0] == 2 and path.read_bytes() == records(0, 10)

@@ -82,3 +82,44 @@ def test_the_command_line(run_dir):
     p = subprocess.run([sys.executable, str(ROOT / "sample.py"), f"--out_dir={run_dir}", "--num_samples=1",
                         "--max_new_tokens=5"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0 and "--- sample 1" in p.stdout, p.stderr
+
+
+def test_a_corpus_changed_since_training_is_refused_not_retokenised(tmp_path, capsys, text_file):
+    """The BPE is trained on the corpus: after an edit to it, sample.py trained another one and
+    cut the prompt into other tokens. The checkpoint's corpus and tokenizer sha256 are
+    compared now; with the corpus as it was, it samples again."""
+    pytest.importorskip("tokenizers")
+    out = tmp_path / "bpe"
+    assert train.main(TINY + [f"--data={text_file}", f"--out_dir={out}", "--max_iters=4", "--sample_tokens=0",
+                              "--tokenizer=bpe:300"]) == 0
+    assert samples(out, capsys, "--start=The ", "--num_samples=1", "--max_new_tokens=3")
+    original = text_file.read_bytes()
+    text_file.write_bytes(original.replace(b"the", b"a"))                     # the corpus, edited
+    assert sample.main([f"--out_dir={out}", "--start=The "]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "was trained with the bpe:300 tokenizer of" in err and "whose tokenizer is another" in err
+    text_file.write_bytes(original)
+    assert samples(out, capsys, "--start=The ", "--num_samples=1", "--max_new_tokens=3")
+
+
+def test_what_it_cannot_sample_is_refused_before_the_model(run_dir, capsys, tmp_path):
+    from test_train_faults import spoil_checkpoint
+    def refused(args, words):
+        assert sample.main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err, err
+    refused(["--out_dir=", "--start=x"], "--out_dir is empty")                      # it read /ckpt.npz
+    refused([f"--out_dir={run_dir}", "--start=caf\udce9"], "--start: the prompt is not UTF-8 text")   # argv's bytes
+    (tmp_path / "nan").mkdir()
+    (tmp_path / "nan" / "ckpt.npz").write_bytes((run_dir / "ckpt.npz").read_bytes())
+    spoil_checkpoint(tmp_path / "nan" / "ckpt.npz", array="model/")
+    refused([f"--out_dir={tmp_path / 'nan'}"], "holds non-finite weights (model/")
+
+
+def test_train_encodes_the_prompt_before_training(tmp_path, text_file, capsys):
+    """A --start the tokenizer cannot encode was found after the whole run had trained."""
+    out = tmp_path / "o"
+    assert train.main(TINY + [f"--data={text_file}", f"--out_dir={out}", "--max_iters=4", "--start=caf\udce9"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: --start: the prompt is not UTF-8 text") and "model:" not in captured.out
+    assert not out.exists()

@@ -5,6 +5,7 @@ the NANOSPA_DEBUG switch) and the output-path checks. The commands'
 own uses are tested with them (tests/test_train.py, tests/test_experiments.py,
 tests/test_bench.py, tests/test_signal_main.py)."""
 import errno
+import math
 import os
 
 import pytest
@@ -154,3 +155,45 @@ def test_output_paths_are_checked_without_creating_anything(tmp_path):
     os.symlink(tmp_path / "nowhere", tmp_path / "link")
     with pytest.raises(SettingsError, match="dangling link"):
         check_output_dir(tmp_path / "link", "out")
+
+
+@pytest.mark.parametrize("argv", [["--lr=1e999"], ["--lr=-1e999"], ["--lrs=1e-3,1e999"], ["--lr=1" + "0" * 400]])
+def test_a_float_setting_must_be_finite(argv):
+    """1e999 reads as inf (and an int beyond any float overflows): no setting means that."""
+    with pytest.raises(SettingsError, match=r"^--lrs?=.*: must be a finite number$"):
+        parse_settings(argv, dict(lr=1e-3, lrs=(1e-3,)))
+
+
+def test_every_command_refuses_an_infinite_setting(tmp_path, capsys):
+    """The one parser: train.py (K-FAC's kl_clip and adam_lr_ratio passed their own checks as
+    inf), the experiments, sample.py, the signal command, all before any data is read."""
+    import sample
+    import train
+    from nanospa.experiments.__main__ import main as experiments
+    from nanospa.signal.__main__ import main as signal_command
+    for command, argv in ((train.main, ["--kfac_kl_clip=1e999"]), (train.main, ["--kfac_adam_lr_ratio=1e999"]),
+                          (experiments, ["fig2", "--lrs=1e999"]), (sample.main, ["--temperature=1e999"]),
+                          (signal_command, ["--rho_final=1e999"])):
+        extra = [f"--out_dir={tmp_path / 'o'}", f"--data={tmp_path / 'none.txt'}"] if command is train.main else []
+        assert command(argv + extra) == 2                 # (without the check: another error, or a run)
+        err = capsys.readouterr().err
+        assert err.startswith("error: --") and "must be a finite number" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_kfac_refuses_infinite_settings_in_python_too():
+    from nanospa import GPT
+    from nanospa.beyond.kfac import KFAC
+    from conftest import tiny_config
+    model = GPT(tiny_config())
+    for key in ("kl_clip", "adam_lr_ratio", "weight_decay"):
+        with pytest.raises(ValueError, match=f"{key} must be finite"):
+            KFAC(model, **{key: math.inf})
+
+
+@pytest.mark.parametrize("path, words", [("", "is empty"), ("  ", "is empty"), ("a\0b", "NUL byte")])
+def test_an_empty_or_unusable_output_path_is_refused(path, words):
+    """Path("") is the current folder: an empty --out_dir wrote the run wherever it started."""
+    for check in (check_output_dir, check_output_file):
+        with pytest.raises(SettingsError, match=words):
+            check(path, "out_dir")

@@ -264,7 +264,7 @@ def test_debug_switch_shows_the_traceback(tmp_path):
 # ----------------------------------------------------------------------------- paths and settings
 
 @pytest.mark.parametrize("case", ["out_dir is a file", "out_dir under a file", "ckpt.npz is a folder",
-                                  "log.jsonl is a folder", "checkpoint missing a key"])
+                                  "log.jsonl is a folder", "checkpoint missing a key", "out_dir is empty"])
 def test_bad_paths_and_checkpoints_are_one_line_before_any_training(case, tmp_path, text_file, capsys):
     out, extra = tmp_path / "out", []
     if case == "out_dir is a file":
@@ -274,6 +274,8 @@ def test_bad_paths_and_checkpoints_are_one_line_before_any_training(case, tmp_pa
         out = tmp_path / "f" / "out"
     elif case.endswith("is a folder"):
         (out / case.split()[0]).mkdir(parents=True)
+    elif case == "out_dir is empty":                              # Path(""): the current folder
+        out = ""
     else:
         assert train.main(args(text_file, out, "--max_iters=2")) == 0
         with np.load(out / "ckpt.npz", allow_pickle=False) as z:
@@ -288,7 +290,8 @@ def test_bad_paths_and_checkpoints_are_one_line_before_any_training(case, tmp_pa
     assert len(err) == 1 and ("Traceback" not in captured.err)
     needle = {"out_dir is a file": "is a file, not a folder", "out_dir under a file": "no folder can be made",
               "ckpt.npz is a folder": "ckpt.npz is a folder", "log.jsonl is a folder": "log.jsonl is a folder",
-              "checkpoint missing a key": f"checkpoint {out / 'ckpt.npz'} does not fit this run"}[case]
+              "checkpoint missing a key": f"checkpoint {Path(out) / 'ckpt.npz'} does not fit this run",
+              "out_dir is empty": "--out_dir is empty"}[case]
     assert needle in err[0], err[0]
     if case != "checkpoint missing a key":
         assert "data:" not in captured.out                        # refused before any data or model
@@ -334,8 +337,14 @@ def test_a_longer_resumed_run_keeps_the_schedule_and_can_stretch_it(tmp_path, te
     assert "note: the schedule is the run's: its cosine decay ends at iter 8" in capsys.readouterr().out
     lrs = [r["lr"] for r in read_log(keep)]
     assert lrs[:9] == first and lrs[9:] == [2e-4] * 4           # the same schedule, then min_lr
-    assert train.main(args(text_file, stretch, "--init_from=resume", "--max_iters=12", "--lr_decay_iters=12")) == 0
-    lrs = [r["lr"] for r in read_log(stretch)]
+    assert train.main(args(text_file, stretch, "--init_from=resume", "--max_iters=12", "--lr_decay_iters=12")) == 2
+    assert "lr_decay_iters=12 (checkpoint: 8); pass --allow_changed=lr_decay_iters" in error_line(capsys)
+    assert train.main(args(text_file, stretch, "--init_from=resume", "--max_iters=12", "--lr_decay_iters=12",
+                           "--allow_changed=lr_decay_iters")) == 0
+    assert "note: --allow_changed: from iter 8 on, lr_decay_iters=12 (was 8)" in capsys.readouterr().err
+    log = read_log(stretch)
+    assert log[9] == dict(iter=8, changed_on_resume=dict(lr_decay_iters=[8, 12]))   # the log says where and how
+    lrs = [r["lr"] for r in log if "lr" in r]
     assert lrs[9:] == [train.cosine_lr(it, 2e-3, 2, 12, 2e-4) for it in range(8, 12)]   # re-stretched
 
 
@@ -700,3 +709,52 @@ def test_a_signal_while_sampling_stops_at_once(tmp_path, text_file, capfd):
     assert time.monotonic() - started < 45
     assert "SIGTERM while sampling: stopped; the run is saved" in capfd.readouterr().err
     assert load_checkpoint(str(out / "ckpt.npz"))["state"]["iter"] == MAX
+
+
+# ----------------------------------------------------------------------------- checkpoints checked before the log
+
+def spoil_checkpoint(path, state=None, array=None):
+    """Rewrite a checkpoint with some of its state's fields replaced, or one array set to nan."""
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    if state:
+        arrays["state"] = np.array(json.dumps(dict(json.loads(str(arrays["state"])), **state)))
+    if array:
+        name = next(k for k in arrays if k.startswith(array))
+        arrays[name] = np.full_like(arrays[name], np.nan)
+    np.savez(path, **arrays)
+
+
+@pytest.mark.parametrize("case, words", [
+    ("negative iter", "is not a state train.py writes (state.iter=-1, not a whole number >= 0)"),
+    ("nan weight", "holds non-finite values (model/"),
+    ("nan optimiser moment", "holds non-finite values (optim/"),
+    ("inf best loss", "state.best_val_loss=inf, not a finite number"),
+    ("another run's log", "starts at iter 9, after the checkpoint's iter 8"),
+    ("two runs in the log", "line 10 goes back from iter 8 to iter 0: the log holds more than one run"),
+])
+def test_a_checkpoint_or_log_that_fails_is_named_before_anything_is_written(case, words, tmp_path, text_file, capsys):
+    """A negative iteration cut log.jsonl to 0 bytes before the error; nan weights were resumed
+    and called the last good checkpoint. The loader checks the state, the arrays and the log
+    whole before it touches either file."""
+    out = tmp_path / "out"
+    assert train.main(args(text_file, out)) == 0
+    ckpt, log = out / "ckpt.npz", out / "log.jsonl"
+    if case == "negative iter":
+        spoil_checkpoint(ckpt, state=dict(iter=-1))
+    elif case == "nan weight":
+        spoil_checkpoint(ckpt, array="model/")
+    elif case == "nan optimiser moment":
+        spoil_checkpoint(ckpt, array="optim/m.")
+    elif case == "inf best loss":
+        spoil_checkpoint(ckpt, state=dict(best_val_loss=float("inf")))
+    elif case == "another run's log":
+        log.write_text("".join(json.dumps(dict(r, iter=r["iter"] + 9)) + "\n" for r in read_log(out)))
+    else:
+        log.write_bytes(log.read_bytes() * 2)
+    before = ckpt.read_bytes(), log.read_bytes()
+    capsys.readouterr()
+    assert train.main(args(text_file, out, "--init_from=resume", "--max_iters=12")) == 2
+    line = error_line(capsys)
+    assert words in line and "last good" not in line.lower(), line
+    assert (ckpt.read_bytes(), log.read_bytes()) == before                # nothing cut, nothing written

@@ -13,7 +13,8 @@ the paper (docs/method.md §12), and the kernel-budget study.
     causality  how much a causal LM's loss at t sees tokens after t, per norm (docs/norms.md)
     scaling  vanilla E-SPA and Pre-LN across width and depth: best rate, divergence edge, lead, muP rule
 
-Each writes result.json, table.md and plot.png to --out (default out/NAME). Presets:
+Each writes result.json, table.md and plot.png to --out (default out/NAME), which it holds
+for the whole command (a second command into it: one error line naming the first). Presets:
 --preset=quick (default; a 2-core CPU, about 15 minutes or less), --preset=full (one GPU),
 --preset=tiny (seconds; for tests), --preset=study (quick's scale, 3 seeds, every method). `python -m nanospa.experiments NAME --help` lists the
 settings of one command. Bad settings or output folders (checked before any training), missing

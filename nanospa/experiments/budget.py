@@ -169,6 +169,11 @@ def main(argv=None):
 
 def _run(spec, argv):
     s = runner.settings_for(spec, argv)
+    with runner.holding(s["out"]):                # the init check and the training: one writer
+        return _checked_and_trained(spec, argv, s)
+
+
+def _checked_and_trained(spec, argv, s):
     md = run_init_check(s, argv) if s["measure_width"] > 0 else ""
     rc = runner.run(spec, argv) if s["train"] else 0
     table = Path(s["out"]) / "table.md"

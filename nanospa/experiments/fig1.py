@@ -175,6 +175,11 @@ def run(argv):
     t0, load = time.time(), report.load_average()
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     s, cfg = settings(argv)
+    with runner.holding(s["out"]):                # one writer per result folder
+        return _measured(argv, s, cfg, t0, load, started)
+
+
+def _measured(argv, s, cfg, t0, load, started):
     fig = figure1(cfg, s["depths"], empirical=True, width=s["width"], batch=s["batch"],
                   tokens=s["tokens"], data=s["data"], seed=s["seed"])
     out = Path(s["out"])

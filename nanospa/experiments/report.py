@@ -173,8 +173,9 @@ def naming(path):
 
 
 def write_text(path, text):
-    """Write text to path through a temporary file beside it, renamed at the end."""
-    tmp = Path(str(path) + ".tmp")
+    """Write text to path through a temporary file beside it (PATH.PID.tmp: one per process,
+    so that two writers never share one), renamed at the end."""
+    tmp = Path(f"{path}.{os.getpid()}.tmp")
     try:
         with naming(path):
             tmp.write_text(text, encoding="utf-8")
@@ -202,23 +203,46 @@ def per_byte(summary, bytes_per_token):
                 final_val_per_byte=summary["final_val"] / bytes_per_token["val"])
 
 
+SHAPE = (("n_layer", "depth {}"), ("n_embd", "width {}"), ("n_head", "{} heads"), ("block_size", "T = {}"),
+         ("dtype", "{}"))   # what the Setting line says of the model, from what each method trained
+
+
+def trained_shape(result):
+    """{field: the value every method trained} and [fields whose value differs among the
+    methods]: read from each method's own config (a method may set its width or depth, which
+    then is not the --n_embd or --n_layer the command was given)."""
+    s, same, differ = result["settings"], {}, []
+    for key, _ in SHAPE:
+        values = {m["config"].get(key, s[key]) for m in result["methods"].values()} or {s[key]}
+        if len(values) == 1:
+            same[key] = values.pop()
+        else:
+            differ.append(key)
+    return same, differ
+
+
 def markdown(result):
     s = result["settings"]
+    same, differ = trained_shape(result)
+    shape = {key: what.format(same[key]) if key in same else what.format("per method").replace("per method heads",
+             "heads per method") for key, what in SHAPE}
     lines = header_lines(result)
     bpt = result["data"].get("bytes_per_token")        # absent in results written before it existed
     tokens = (f"{result['data'].get('tokenizer', 'byte')} tokens, {bpt['train']:.3f} bytes per token"
               if bpt else "byte tokens")
     lines += [f"- Data: {result['data']['name']} ({result['data']['train_tokens']:,} training {tokens}); "
               f"unigram entropy {result['data']['unigram_entropy']:.3f} nats/token",
-              f"- Setting: depth {s['n_layer']}, width {s['n_embd']}, {s['n_head']} heads, T = {s['block_size']}, "
+              f"- Setting: {shape['n_layer']}, {shape['n_embd']}, {shape['n_head']}, {shape['block_size']}"
+              + (f" (each method's in the column {' x '.join(differ)})" if differ else "") + ", "
               f"batch {s['batch_size']}, {s['steps']} steps, "
               + ("AdamW" if not any(m.get("optimizer") for m in result["methods"].values()) else "each method's optimiser")
               + f" with warm-up and cosine decay, learning rates {', '.join(map(str, s['lrs']))} (best per method"
               + ("" if all(not m.get("lrs") or list(m["lrs"]) == list(s["lrs"]) for m in result["methods"].values())
                  else "; some methods have their own grid, see the columns") + "), "
-              f"seeds {s['seeds']}, {s['dtype']}, preset {s['preset']}", ""]
+              f"seeds {s['seeds']}, {shape['dtype']}, preset {s['preset']}", ""]
     lrs = grid_union(result)
-    head = (["method", "model", "steps", "best lr", "final train loss", "final val loss"]
+    head = (["method", "model"] + ([" x ".join(differ)] if differ else []) + ["steps", "best lr", "final train loss",
+                                                                           "final val loss"]
             + (["train nats/byte", "val nats/byte"] if bpt else []) + ["unigram - train"]
             + [f"train @ lr {lr:g}" for lr in lrs])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -226,7 +250,8 @@ def markdown(result):
         by_lr = m["summary"]["by_lr"]
         sm = m["summary"]
         std = f" ± {sm['final_train_std']:.3f}" if s["seeds"] > 1 and sm["best_lr"] else ""
-        row = [label, m["description"], str(m["steps"]), fmt(sm["best_lr"], "g"),
+        row = [label, m["description"]] + ([" x ".join(str(m["config"].get(k, s[k])) for k in differ)] if differ else [])
+        row += [str(m["steps"]), fmt(sm["best_lr"], "g"),
                fmt(sm["final_train"]) + std, fmt(sm["final_val"])]
         row += [fmt(sm.get("final_train_per_byte")), fmt(sm.get("final_val_per_byte"))] if bpt else []
         row += [fmt(sm["below_unigram"], "+.3f")]

@@ -15,16 +15,14 @@ commit it came from ("reused": {"from", "commit"}), and reuse is never implicit.
 Runs of results written before the experiments shared train.py's batches (2026-12-02: their
 keys name no sampler, or they have no key) drew other windows than any job today, so none
 of them is ever taken: such a folder can be read, and every run of it is trained again.
+Every run read is checked first (records.check): a run whose record does not match its
+checksum, or a duplicate, is refused by name.
 """
 import json
+import sys
 from pathlib import Path
 
-SKIP = ("label",)     # one run may serve several experiments under another label
-RUN_FIELDS = ("lr", "seed", "history", "final_train", "final_val", "diverged")   # what a reused run must hold
-
-
-def job_key(job):
-    return json.dumps({k: v for k, v in job.items() if k not in SKIP}, sort_keys=True)
+from .records import RUN_FIELDS, SKIP, check, job_key  # noqa: F401 (job_key, RUN_FIELDS: reuse's API too)
 
 
 def load(paths):
@@ -40,11 +38,8 @@ def load(paths):
             raise ValueError(f"reuse: cannot read runs from {path} (no field {e})") from None
         except (OSError, ValueError, TypeError, AttributeError) as e:
             raise ValueError(f"reuse: cannot read runs from {path} ({type(e).__name__})") from None
-        for label, m, runs in methods:
-            for r in runs:
-                missing = [f for f in RUN_FIELDS if not isinstance(r, dict) or f not in r]
-                if missing:
-                    raise ValueError(f"reuse: a run of {label} in {path} has no field {missing[0]!r}")
+        for note in check(result, path):        # every run as it was written, once each
+            print(note, file=sys.stderr)
         here = {"from": str(path), "commit": (result.get("provenance") or {}).get("commit")}
         for label, m, runs in methods:
             for r in runs:

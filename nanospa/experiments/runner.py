@@ -21,8 +21,14 @@ and the runner does the rest: methods x learning-rate grid x seeds (a process po
 Every GPTConfig field is also a setting; set explicitly, it applies to every method (after
 the method's own fields), e.g. --kernel_budget=independent or --residual_beta=0.2.
 
+One command writes --out at a time (holding(out): out/run.lock for the whole command). A
+rerun into a folder merges into its result.json after checking every run there
+(records.check: a changed or duplicated run is refused, a run without a key is keyed and
+kept), or refuses with one line (another experiment, other settings) unless --replace=True.
+
 Not here: how the outputs are written and how a stall is read (report.py: provenance,
-JSON, Markdown, plots, STALL_MARGIN, the findings' helpers); one training run (common.py).
+JSON, Markdown, plots, STALL_MARGIN, the findings' helpers); one training run (common.py);
+a run's record, its checksum and the checks (records.py).
 """
 import contextlib
 import datetime
@@ -39,9 +45,10 @@ from pathlib import Path
 import numpy as np
 
 from ..run.fits import check_fits
+from ..run.rundir import RunLock
 from ..run.settings import check_output_dir, help_text, parse_settings, run_command, stop_on_signals, wants_help
 from ..run.tokenizer import check as check_tokenizer
-from . import reuse
+from . import records, reuse
 from .report import (STALL_MARGIN, duration, fmt, load_average, markdown, per_byte, plot, provenance, write_json,
                      write_text)
 
@@ -331,8 +338,31 @@ def summarise_method(runs, lrs, unigram):
 
 # ------------------------------------------------------------------ the command
 
+RESULT_FILES = ("result.json", "table.md", "init.json", "init.md")   # written through NAME.PID.tmp (report.py)
+_HELD = set()        # the folders this process holds: budget's init check and its training share one lock
+
+
+@contextlib.contextmanager
+def holding(out):
+    """One writer per result folder: --out is locked for the whole command (out/run.lock, the
+    lock of train.py's out_dir: flock, released by the kernel when its holder dies), so a second
+    command into it stops at once with one line naming the holder, before any data is read or
+    anything trained; a folder this process already holds is not locked twice."""
+    key = os.path.realpath(out)
+    if key in _HELD:
+        yield
+        return
+    with RunLock(out, key="out", temporaries=RESULT_FILES) as lock:
+        for note in lock.notes:
+            print(note, file=sys.stderr)
+        _HELD.add(key)
+        try:
+            yield
+        finally:
+            _HELD.discard(key)
+
+
 def run(spec, argv):
-    import data as nanospa_data
     if wants_help(argv):
         defaults = {**DEFAULTS, **getattr(spec, "EXTRA", {})}
         print(help_text(f"python -m nanospa.experiments {spec.NAME} [--key=value ...]: {spec.TITLE}",
@@ -343,17 +373,28 @@ def run(spec, argv):
     t0 = time.time()
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     s = settings_for(spec, argv)
+    with holding(s["out"]):                       # a second command into --out: one line, nothing trained
+        return _run(spec, argv, s, t0, started)
+
+
+def _run(spec, argv, s, t0, started):
+    import data as nanospa_data
     s["_load_start"] = load_average()
     reusable = reuse.load([p for p in s["reuse"].split(",") if p.strip()])   # a bad path: error before any work
     ds = _dataset(s["data"], s["tokenizer"])       # builds the token cache (and BPE) once, before any worker
     nanospa_data.check_length(ds, s["block_size"])
     unigram = float(nanospa_data.unigram_entropy(ds.train, ds.vocab_size))
     methods = selected_methods(spec, s)
+    unused = [k for k in BASE_FIELDS if k in s["_explicit"] and all(k in m.config for m in methods.values())]
+    if unused:                                     # each method sets its own: say so, the table shows theirs
+        print(f"note: {', '.join(f'--{k}={s[k]}' for k in unused)} applies to no method here: each sets its own "
+              "(table.md reports what each trained)", file=sys.stderr)
     from ..signal.budget import make_plan
     configs, plans = {}, {}
     for label, m in methods.items():
         cfg = model_config(s, m, ds.vocab_size)
-        check_fits(cfg, s["batch_size"], s["device"])  # a size this machine cannot hold: refused now
+        check_fits(cfg, s["batch_size"], s["device"],  # a size this machine cannot hold: refused now
+                   kfac=m.optimizer.get("optimizer") == "kfac")
         plans[label] = dict(make_plan(cfg).info)   # surfaces plan errors before any training
         configs[label] = cfg.to_dict()
     out = Path(s["out"])
@@ -382,42 +423,43 @@ def run(spec, argv):
           + (f", {len(taken)} of them reused" if taken else "") + f"; writing {out}/")
     done = [0]
 
-    def on_result(job, r, stopper=None):
-        """Record a finished run: in result.json (an atomic write) before the line that says
-        so, and a signal that comes meanwhile waits until both are done."""
+    def on_result(job, r, stopper=None, was_held=False):
+        """Record a finished run, sealed with its checksum (records.py): in result.json (an
+        atomic write) before the line that says so, and a signal that comes meanwhile waits
+        until both are done."""
         with stopper.held() if stopper else contextlib.nullcontext():
             done[0] += 1
             r.setdefault("key", reuse.job_key(job))
-            result["methods"][job["label"]]["runs"].append(r)
+            result["methods"][job["label"]]["runs"].append(records.seal(r))
             result["provenance"] = provenance(spec.NAME, argv, s, started, t0)
             write_json(out / "result.json", result)    # partial results survive an interruption
             print(f"[{done[0]}/{len(jobs)}] {job['label']:<16} lr={job['lr']:<8g} seed={job['seed']} "
                   f"train {fmt(r['final_train'])} val {fmt(r['final_val'])}"
                   f"{' DIVERGED' if r['diverged'] else ''} "
-                  + (f"(reused from {r['reused']['from']})" if r.get("reused") else
-                     "(kept)" if r.get("_kept") else f"({r['seconds']:.0f} s)"), flush=True)
-            r.pop("_kept", None)
+                  + ("(kept)" if was_held else f"(reused from {r['reused']['from']})" if r.get("reused") else
+                     f"({r['seconds']:.0f} s)"), flush=True)
 
     if s["device"] != "cpu":
         from .. import backend
         backend.use(s["device"])                   # fail here, not in a worker
     for job in jobs:
         if reuse.job_key(job) in own:
-            on_result(job, dict(own[reuse.job_key(job)], _kept=True))
+            on_result(job, dict(own[reuse.job_key(job)]), was_held=True)
     for job, r in taken:
         on_result(job, r)
     with stop_on_signals(STOPPED) as stopper:
         run_jobs(todo, s["workers"], lambda job, r: on_result(job, r, stopper))
     for label, m in result["methods"].items():
         m["runs"].sort(key=lambda r: (r["lr"], r["seed"]))
-        m["summary"] = per_byte(summarise_method(m["runs"], m["lrs"], unigram), ds.bytes_per_token)
+        runs = records.check_unique(m["runs"], label)            # a duplicate is not another seed
+        m["summary"] = per_byte(summarise_method(runs, m["lrs"], unigram), ds.bytes_per_token)
     result["analysis"] = spec.analysis(result) if hasattr(spec, "analysis") else {}   # e.g. longer's ratios
     result["findings"] = list(spec.findings(result))
     result["complete"] = True
     result["provenance"] = provenance(spec.NAME, argv, s, started, t0)
     write_json(out / "result.json", result)
     write_text(out / "table.md", markdown(result))
-    wrote = getattr(spec, "plot", plot)(result, out / "plot.png", getattr(spec, "PANELS", None))
+    wrote = draw(spec, result, out)
     print("\n".join(f"  {line}" for line in result["findings"]))
     print(f"wrote {out / 'result.json'}, {out / 'table.md'}" + (f", {out / 'plot.png'}" if wrote else "")
           + f" in {duration(time.time() - t0)}")
@@ -441,6 +483,13 @@ def held_result(out, spec, s, methods, configs):
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path} cannot be read ({type(e).__name__}): choose another --out, or pass "
                          "--replace=True to write over it") from None
+    try:
+        notes = records.check(held, path)        # a changed or duplicated run: refused by name
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path} cannot be read ({type(e).__name__}: {e}): choose another --out, or pass "
+                         "--replace=True to write over it") from None
+    for note in notes:
+        print(note, file=sys.stderr)
     why = []
     if name != spec.NAME:
         why.append(f"it holds {name}, not {spec.NAME}")
@@ -466,13 +515,16 @@ def merge_held(result, held, jobs):
     slots = {(j["label"], j["lr"], j["seed"]) for j in jobs}
     own, kept = {}, 0
     for label, m in held["methods"].items():
-        runs = [dict(r, key=r["key"]) for r in m.get("runs", ()) if r.get("key")]
+        runs = [dict(r) for r in m.get("runs", ())]     # every one has a key (records.check)
+        # every rate a held run has is in the grid: the summary reads the grid's rates only (a
+        # method written before per-method grids has none: the settings' grid was its own)
+        grid = set(m.get("lrs") or held["settings"].get("lrs") or ()) | {r["lr"] for r in runs}
         mine = result["methods"].get(label)
         if mine is None:                           # a method of the held results only
-            result["methods"][label] = dict(m, runs=runs)
+            result["methods"][label] = dict(m, runs=runs, lrs=sorted(grid))
             kept += len(runs)
             continue
-        mine["lrs"] = sorted(set(mine["lrs"]) | set(m.get("lrs", ())))
+        mine["lrs"] = sorted(set(mine["lrs"]) | grid)
         for r in runs:
             key = reuse._current_key(r["key"]) or r["key"]
             if key in keys:
@@ -490,14 +542,32 @@ def merge_held(result, held, jobs):
 def rerender(spec, out):
     """Rewrite table.md and plot.png (and the findings in result.json) of a finished run from
     its result.json, e.g. after a change to the findings' wording. No training."""
-    out = Path(out)
+    with holding(out):                            # one writer per result folder
+        return _rerendered(spec, Path(out))
+
+
+def _rerendered(spec, out):
     result = json.loads((out / "result.json").read_text(encoding="utf-8"))
+    for note in records.check(result, out / "result.json"):   # a changed or duplicated run: refused
+        print(note, file=sys.stderr)
     result["analysis"] = spec.analysis(result) if hasattr(spec, "analysis") else {}
     result["findings"] = list(spec.findings(result))
     write_json(out / "result.json", result)
     write_text(out / "table.md", markdown(result))
-    getattr(spec, "plot", plot)(result, out / "plot.png", getattr(spec, "PANELS", None))
+    draw(spec, result, out)
     return result
+
+
+def draw(spec, result, out):
+    """plot.png of `result` -> whether it was drawn. Without matplotlib, a plot.png of the
+    folder's earlier results is removed (it would stand beside a table it does not show)."""
+    path = Path(out) / "plot.png"
+    wrote = getattr(spec, "plot", plot)(result, path, getattr(spec, "PANELS", None))
+    if not wrote and path.exists():
+        path.unlink()
+        print(f"removed {path}: it drew the results before this command's, and cannot be drawn again here "
+              "(rerender it where matplotlib is installed)")
+    return wrote
 
 
 def main(spec, argv=None):

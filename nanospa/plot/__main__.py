@@ -3,7 +3,7 @@
 import sys
 
 from ..run.settings import SettingsError, fail, need_matplotlib, run_command
-from . import draw, runs
+from . import check_picture, draw, runs
 
 
 def main(argv=None):
@@ -24,6 +24,7 @@ def main(argv=None):
         if not folders:
             raise SettingsError("name at least one out_dir of a train.py run")
         need_matplotlib("python -m nanospa.plot")
+        check_picture(out)                         # the file it says it writes, before any log is read
         found = runs(folders)                      # every log read before anything is drawn
         draw(found, out)
         print(f"wrote {out}: {', '.join(name for name, _ in found)}")

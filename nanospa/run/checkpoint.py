@@ -6,7 +6,9 @@
     data_identity(meta, spec)  -> what a checkpoint records of its corpus and tokenizer
     check_same_data(path, saved, current, allow)   resuming on another corpus is refused
     training_state(iteration, best_val_loss, rng, data=None, train_loss=None, best_train_loss=inf) -> `state`
-    restore(ckpt, optimizer, rng, model=None, path=None)   -> (iteration, best_val_loss)
+    restore(ckpt, optimizer, rng, model=None, path=None)   -> (iteration, best_val_loss); a
+                               non-finite parameter or optimiser array is refused, nothing loaded
+    bad_state(state), non_finite_arrays(ckpt, model)   the checks of load_checkpoint and restore
     CheckpointError            missing, unreadable or incompatible (one-line message)
     NotFiniteError             save_checkpoint refused a non-finite state (a divergence)
 
@@ -121,7 +123,40 @@ def load_checkpoint(path, purpose="resume"):
     missing += ["model/*"] if not ckpt["model"] else []
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete (no {', '.join(missing)}); {todo}")
+    bad = bad_state(ckpt["state"])
+    if bad:
+        raise CheckpointError(f"checkpoint {path} is not a state train.py writes ({bad}); {todo}")
     return ckpt
+
+
+def _number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def bad_state(state):
+    """What is wrong with a checkpoint's `state`, or None: iter a whole number >= 0 (a negative
+    one would cut the whole log on resume), the losses finite numbers or null."""
+    it = state["iter"]
+    if not (isinstance(it, int) and not isinstance(it, bool) and it >= 0):
+        return f"state.iter={it!r}, not a whole number >= 0"
+    for key in ("best_val_loss", "best_train_loss", "train_loss"):
+        v = state.get(key)
+        if v is not None and not (_number(v) and math.isfinite(v)):
+            return f"state.{key}={v!r}, not a finite number"
+    pending = state.get("pending_record")
+    if pending is not None and not (isinstance(pending, dict) and pending.get("iter") == it):
+        return f"state.pending_record is not the record of iter {it}"
+    return None
+
+
+def non_finite_arrays(ckpt, model=None):
+    """Names of the checkpoint's non-finite parameters (model/NAME, when the model is given:
+    its buffers may hold -inf by design) and optimiser arrays (optim/NAME)."""
+    params = {name for name, _ in model.named_parameters()} if model is not None else set()
+    arrays = [(f"model/{k}", v) for k, v in ckpt["model"].items() if k in params]
+    arrays += [(f"optim/{k}", v) for k, v in ckpt["optim"].items()]
+    return [name for name, v in arrays
+            if np.issubdtype(np.asarray(v).dtype, np.floating) and not np.isfinite(v).all()]
 
 
 def check_same_model(settings, saved, keys):
@@ -135,21 +170,35 @@ def check_same_model(settings, saved, keys):
 def data_identity(meta, spec):
     """What a checkpoint records of its corpus (a data.Dataset's meta and the --data spec):
     the sha256 of its tokens names the text, whatever its path or modification time."""
+    bpe = meta.get("bpe") or {}                  # a subword tokenizer: the sha256 of its own file too
     return dict(spec=spec, name=meta.get("name"), tokens=meta.get("bytes"), sha256=meta.get("sha256"),
-                tokenizer=meta.get("tokenizer", TOKENIZER), vocab_size=meta.get("vocab_size"))
+                tokenizer=meta.get("tokenizer", TOKENIZER), vocab_size=meta.get("vocab_size"),
+                tokenizer_sha256=(bpe.get("sha256") or {}).get("tokenizer.json"))
+
+
+def different_data(saved, current):
+    """The fields of two data_identity dicts that differ (the corpus's sha256, the tokenizer and,
+    where both record it, the sha256 of the tokenizer's own file): [] when they are the same."""
+    keys = ["sha256", "tokenizer"] + (["tokenizer_sha256"] if saved.get("tokenizer_sha256")
+                                      and current.get("tokenizer_sha256") else [])
+    return [k for k in keys if saved.get(k) != current.get(k)]
+
+
+def describe_data(d):
+    return (f"{d.get('name')!r} ({d.get('tokens') or 0:,} bytes, sha256 {str(d.get('sha256'))[:12]}, "
+            f"{d.get('tokenizer')} tokens" + (f", tokenizer sha256 {d['tokenizer_sha256'][:12]}"
+                                             if d.get("tokenizer_sha256") else "") + ")")
 
 
 def check_same_data(path, saved, current, allow=False):
     """-> whether the checkpoint at `path` was trained on another corpus or tokenizer than
     `current` (both data_identity dicts; saved None, an older checkpoint: False, unchecked);
     CheckpointError when it was and `allow` is false."""
-    if not saved or all(saved.get(k) == current.get(k) for k in ("sha256", "tokenizer")):
+    if not saved or not different_data(saved, current):
         return False
     if allow:
         return True
-    def what(d):
-        return (f"{d.get('name')!r} ({d.get('tokens') or 0:,} tokens, sha256 {str(d.get('sha256'))[:12]}, "
-                f"{d.get('tokenizer')} tokens)")
+    what = describe_data
     raise CheckpointError(f"{path} was trained on {what(saved)}, --data={current['spec']} is {what(current)}: "
                           "resuming on another corpus is refused; pass --new_data=True to continue on it "
                           "(its best validation loss then starts afresh)")
@@ -167,6 +216,11 @@ def restore(ckpt, optimizer, rng, model=None, path="the checkpoint"):
     """Load the model's arrays (when given), the optimiser state and the batch generator's
     state in place; -> (iteration, best val loss, inf when none was recorded). A mismatch is
     a CheckpointError naming `path`."""
+    bad = non_finite_arrays(ckpt, model)           # never a good state: nothing is loaded, or written
+    if bad:
+        raise CheckpointError(f"checkpoint {path} holds non-finite values ({', '.join(bad[:3])}"
+                              f"{' and more' if len(bad) > 3 else ''}): not a state to resume from; resume an "
+                              "earlier copy, or use --init_from=scratch")
     try:
         if model is not None:
             model.load_state_dict(ckpt["model"])

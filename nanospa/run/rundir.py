@@ -80,13 +80,13 @@ def held_files(out_dir):
     return [name for name in (CKPT_FILE, LOG_FILE) if (Path(out_dir) / name).exists()]
 
 
-def remove_temporaries(out_dir):
-    """Remove the ckpt.npz.PID.tmp files of checkpoints whose writer was killed (call with the
-    lock held: no live run writes one then); -> a note, or None."""
-    stale = sorted(Path(out_dir).glob(f"{CKPT_FILE}.*.tmp"))
+def remove_temporaries(out_dir, names=(CKPT_FILE,)):
+    """Remove the NAME.PID.tmp files (ckpt.npz by default) whose writer was killed (call with
+    the lock held: no live run writes one then); -> a note, or None."""
+    stale = sorted(p for name in names for p in Path(out_dir).glob(f"{name}.*.tmp"))
     for p in stale:
         p.unlink()
-    return f"note: removed {len(stale)} unfinished checkpoint file(s) of a killed run: {stale[0].name}" if stale else None
+    return f"note: removed {len(stale)} unfinished file(s) of a killed run: {stale[0].name}" if stale else None
 
 
 # ----------------------------------------------------------------------------- the lock
@@ -129,10 +129,11 @@ def _describe(owner):
 class RunLock:
     """One run per out_dir. acquire() creates out_dir if needed and takes out_dir/run.lock, or
     raises RunDirError naming the owner; release() removes it, and out_dir too when this lock
-    created it and nothing else was written there."""
+    created it and nothing else was written there. key: the setting that named the folder (the
+    experiments' --out); temporaries: the files whose NAME.PID.tmp a killed owner may have left."""
 
-    def __init__(self, out_dir):
-        self.out_dir = Path(out_dir)
+    def __init__(self, out_dir, key="out_dir", temporaries=(CKPT_FILE,)):
+        self.out_dir, self.key, self.temporaries = Path(out_dir), key, temporaries
         self.path = self.out_dir / LOCK_FILE
         self.fd, self.created, self.notes = None, False, []
 
@@ -155,8 +156,9 @@ class RunLock:
 
     def _busy(self, owner):
         who = _describe(owner) if owner else "another run (starting up)"
-        return RunDirError(f"--out_dir={self.out_dir} is in use by {who}: one run per out_dir; wait for "
-                           f"it, stop it, or choose another --out_dir (its lock: {self.path})")
+        return RunDirError(f"--{self.key}={self.out_dir} is in use by {who}: one run per "
+                           f"{'out_dir' if self.key == 'out_dir' else 'folder'}; wait for it, stop it, or choose "
+                           f"another --{self.key} (its lock: {self.path})")
 
     def acquire(self):
         if not self.out_dir.exists():
@@ -190,7 +192,7 @@ class RunLock:
         return self._taken()
 
     def _taken(self):
-        note = remove_temporaries(self.out_dir)   # no live run writes one now
+        note = remove_temporaries(self.out_dir, self.temporaries)   # no live run writes one now
         self.notes += [note] if note else []
         return self
 
@@ -308,12 +310,14 @@ def heal_log(path, last_iter):
     """Cut log.jsonl back to what a checkpoint at iteration `last_iter` covers, in place, by
     truncation: a partial last record (no newline, or not JSON, at the very end) and every
     record with iter > last_iter. -> (number of records kept, notes naming file and line).
-    RunDirError for a damaged record that is followed by others."""
+    RunDirError, and nothing cut, for a damaged record that is followed by others, a log whose
+    iters go back (two runs in one file) and one that starts after the checkpoint (another
+    run's: cutting it would empty it)."""
     p = Path(path)
     if not p.exists():
         return 0, []
     data = p.read_bytes()
-    pos, line, kept, cut, notes = 0, 0, 0, None, []
+    pos, line, kept, cut, notes, last = 0, 0, 0, None, [], None
     while pos < len(data):
         line += 1
         end = data.find(b"\n", pos)
@@ -329,18 +333,24 @@ def heal_log(path, last_iter):
             if rest.strip(b"\0 \n"):
                 raise RunDirError(f"{p} line {line} is not a complete log record, and records follow it: "
                                   "the log is damaged; repair or delete that line")
-            notes.append(f"note: {p} line {line} is a partial record ({len(raw)} bytes; the run was killed "
-                         f"or its disk was full while writing it): cut, the log ends at line {line - 1}")
-            cut = pos
+            if cut is None:
+                notes.append(f"note: {p} line {line} is a partial record ({len(raw)} bytes; the run was killed "
+                             f"or its disk was full while writing it): cut, the log ends at line {line - 1}")
+                cut = pos
             break
-        if it > last_iter:
+        if last is not None and it < last:
+            raise RunDirError(f"{p} line {line} goes back from iter {last} to iter {it}: the log holds more than "
+                              "one run; move it away (the checkpoint's run then starts a new log)")
+        if it > last_iter and cut is None:
+            if line == 1:
+                raise RunDirError(f"{p} starts at iter {it}, after the checkpoint's iter {last_iter}: it is not "
+                                  "this checkpoint's log; move it away (the run then starts a new log)")
             notes.append(f"note: {p} lines {line}.. hold iters {it}.. written after the checkpoint "
                          f"(iter {last_iter}): cut, the resumed run logs them again")
             cut = pos
-            break
-        kept += 1
-        pos = end + 1
-    if cut is not None:
+        kept += cut is None
+        last, pos = it, end + 1
+    if cut is not None:                        # checked whole first: nothing is cut from a log refused
         os.truncate(p, cut)
     return kept, notes
 

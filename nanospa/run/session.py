@@ -3,7 +3,8 @@ processes and its signals, each behind one call, so that train.py shows the trai
 
     with Session(argv, defaults, presets, check, model_keys, derive) as run:
         run.settings            the command line over the defaults (--preset first), or on
-                                resume over the checkpoint's own settings; defaults that follow
+                                resume over the checkpoint's own settings (a change to the run
+                                refused unless --allow_changed names it: RESUME_KINDS); defaults that follow
                                 other settings filled in on a scratch run (derive); checked (check), the
                                 schedule made the run's (lr_decay_iters 0 -> the first max_iters)
         run.world               the processes (run/distributed.py; one without mpiexec)
@@ -34,10 +35,13 @@ import math
 import os
 import sys
 from contextlib import ExitStack, nullcontext
+from dataclasses import fields
+
+from ..config import GPTConfig
 
 from . import distributed
-from .checkpoint import (NotFiniteError, check_same_data, check_same_model, data_identity, load_checkpoint,
-                         restore, save_checkpoint, training_state)
+from .checkpoint import (CheckpointError, NotFiniteError, check_same_data, data_identity, load_checkpoint, restore,
+                         save_checkpoint, training_state)
 from .rundir import Interrupts, RunFiles, RunLock, check_run_dir, heal_log, held_files
 from .settings import SettingsError, parse_settings
 
@@ -49,7 +53,109 @@ from .settings import SettingsError, parse_settings
 # the best training loss so far, so a spike never replaces the checkpoint from before it.
 EXPLODED = 10.0
 GOOD = 2.0
-PER_RUN = ("out_dir", "init_from", "overwrite", "new_data", "eval_only", "preset")  # never from a checkpoint
+
+# ----------------------------------------------------------------------------- what a resume may change
+# A resumed run is the same run, or it is refused. Every setting of train.py is of one kind
+# (tests/test_resume.py walks them all):
+#   per_run  this command's own: never read from the checkpoint, never compared
+#   free     cannot change what is trained or how it is evaluated: when the run stops, how often
+#            it logs, evaluates and saves, the sample, and where and how fast it computes the same
+#            model (device, threads, the attention's implementation: other roundings, same maths)
+#   corpus   compared by what it reads: the sha256 of its tokens (--new_data=True allows another)
+#   model    the model and the optimiser's kind, never changed on resume; compared as GPTConfig
+#            resolves them (attention 'auto' is 'espa' there, final_norm 'auto' what it means)
+#   run      what is trained and how it is evaluated (the batches, the schedule, the optimiser's
+#            settings, the evaluation set, the seed K-FAC draws from): refused by name unless
+#            --allow_changed names it, and then noted in the log
+# Every GPTConfig field not named here is of the kind model.
+RESUME_KINDS = dict(
+    per_run=("out_dir", "init_from", "overwrite", "new_data", "eval_only", "preset", "allow_changed"),
+    free=("max_iters", "eval_interval", "log_interval", "checkpoint_interval", "sample_tokens", "start", "temperature",
+          "top_k", "device", "threads", "attention_impl", "attention_block"),
+    corpus=("data",),
+    model=("tokenizer", "optimizer"),
+    run=("batch_size", "grad_accum", "eval_iters", "seed", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters",
+         "weight_decay", "beta1", "beta2", "grad_clip", "mup_base_width", "kfac_damping", "kfac_damping_mode",
+         "kfac_ema", "kfac_inv_interval", "kfac_inverse_dtype", "kfac_momentum", "kfac_kl_clip", "kfac_fisher",
+         "kfac_stats_fraction", "kfac_adam_lr_ratio"),
+)
+PER_RUN = RESUME_KINDS["per_run"]              # never from a checkpoint
+EVALUATION = ("batch_size", "grad_accum", "eval_iters")   # they make the evaluation batches
+CONFIG_FIELDS = tuple(f.name for f in fields(GPTConfig))
+
+
+def _like(value, default):
+    """Whether a checkpoint's setting has the type of train.py's default (an int for a float),
+    finite where it is a number."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, type(default))
+
+
+def resume_kind(key):
+    """The kind of a train.py setting on resume (RESUME_KINDS), or None for an unknown key."""
+    for kind, keys in RESUME_KINDS.items():
+        if key in keys:
+            return kind
+    return "model" if key in CONFIG_FIELDS else None
+
+
+def _resolved(cfg):
+    """What each model field of a GPTConfig means: 'auto' fields as the config resolves them."""
+    d = cfg.to_dict()
+    d["final_norm"] = cfg.uses_final_norm
+    return d
+
+
+def resume_changes(s, ckpt, defaults, allowed=()):
+    """Compare the settings of a resumed run with its checkpoint's. -> {key: (checkpoint's,
+    now)} of the run's settings that change and `allowed` names; CheckpointError naming every
+    model setting that changes (never allowed), then SettingsError naming every run setting
+    that changes without being allowed. A setting the checkpoint does not record (written
+    before it existed) is compared with its default: what the run did then."""
+    saved = ckpt["settings"]
+    before = lambda k: saved.get(k, defaults.get(k))
+    model = [k for k in RESUME_KINDS["model"] if k in s and s[k] != before(k)]
+    keys = [k for k in CONFIG_FIELDS if k in s and k != "vocab_size" and resume_kind(k) == "model"]
+    try:
+        old = _resolved(GPTConfig.from_dict(ckpt["config"]))
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"its model configuration does not load ({e})") from None
+    now = _resolved(GPTConfig.from_dict({**ckpt["config"], **{k: s[k] for k in keys}}))
+    model += [k for k in keys if now[k] != old[k]]
+    if model:
+        shown = lambda k: f"{s[k]!r}" + (f" (= {now[k]!r})" if k in now and now[k] != s[k] else "")
+        raise CheckpointError("the model cannot change on resume: " + ", ".join(
+            f"{k}={shown(k)} (checkpoint: {(old[k] if k in old else before(k))!r})" for k in model))
+    changed = {k: (before(k), s[k]) for k in RESUME_KINDS["run"] if k in s and s[k] != before(k)}
+    refused = [k for k in changed if k not in allowed]
+    if refused:
+        raise SettingsError("resuming would change the run: " + ", ".join(
+            f"{k}={s[k]!r} (checkpoint: {changed[k][0]!r})" for k in refused)
+            + f"; pass --allow_changed={','.join(refused)} to change "
+            + ("it" if len(refused) == 1 else "them") + " from here on (the log notes it), or start a new run "
+            "in another --out_dir")
+    return changed
+
+
+def allowed_changes(spec, resuming):
+    """--allow_changed=KEY[,KEY]: the run settings a resume may change; SettingsError for a key
+    of another kind (naming why), or any key on a scratch run."""
+    keys = [k.strip() for k in spec.split(",") if k.strip()]
+    if keys and not resuming:
+        raise SettingsError(f"--allow_changed={spec}: only a resumed run (--init_from=resume) changes settings")
+    for k in keys:
+        kind = resume_kind(k)
+        if kind == "run":
+            continue
+        why = {None: "not a setting", "model": "the model's (a resumed run keeps its model)",
+               "corpus": "the corpus (another one: --new_data=True)",
+               "free": "free to change on resume anyway", "per_run": "this command's own"}[kind]
+        raise SettingsError(f"--allow_changed={spec}: {k} is {why}; it takes the settings that change the run: "
+                            + ", ".join(RESUME_KINDS["run"]))
+    return tuple(keys)
 
 
 class Diverged(RuntimeError):
@@ -99,11 +205,28 @@ class Session:
         out_dir = s["out_dir"]
         self.files = RunFiles(out_dir, writer=world.is_main)    # ckpt.npz and log.jsonl; rank 0 writes
         explicit = {a[2:].partition("=")[0] for a in self.argv}
+        allowed = allowed_changes(s.get("allow_changed", ""), s["init_from"] == "resume")
+        self.changed = {}
         if s["init_from"] == "resume":                # the checkpoint's settings, then the command line's
             self.ckpt = world.bcast(load_checkpoint(self.files.ckpt) if world.is_main else None)
             saved = {k: v for k, v in self.ckpt["settings"].items() if k in self.defaults and k not in PER_RUN}
+            wrong = [k for k, v in saved.items() if not _like(v, self.defaults[k])]
+            if wrong:                                 # they would type the command line's values too
+                raise CheckpointError(f"{self.files.ckpt}: its settings hold " + ", ".join(
+                    f"{k}={saved[k]!r}" for k in wrong) + ", not values train.py writes (of the type of its "
+                    "default, finite): the file was edited or damaged; delete it or use --init_from=scratch")
             s = self.settings = settings_of(self.argv, {**self.defaults, **saved, "out_dir": out_dir}, self.presets)
-            check_same_model(s, saved, self.model_keys + ["optimizer", "tokenizer"])
+            try:                                      # the same run, or refused (RESUME_KINDS)
+                self.changed = resume_changes(s, self.ckpt, self.defaults, allowed)
+            except SettingsError:
+                if not s["eval_only"]:
+                    raise
+                self.changed = resume_changes(s, self.ckpt, self.defaults, RESUME_KINDS["run"])
+                print("note: --eval_only=True evaluates the checkpoint with settings other than its run's ("
+                      + ", ".join(f"{k}={new!r}, the run's {old!r}" for k, (old, new) in self.changed.items())
+                      + "): the losses need not match its log", file=sys.stderr)
+            except CheckpointError as e:
+                raise CheckpointError(f"{self.files.ckpt}: {e}") from None
             self.start = int(self.ckpt["state"]["iter"])
         if not self.ckpt and self.derive is not None:
             given = explicit | set(self.presets.get(s["preset"], {}) if s["preset"] else ())
@@ -132,7 +255,8 @@ class Session:
                 and not s["eval_only"] and not self.nothing_to_do):
             print(f"note: the schedule is the run's: its cosine decay ends at iter {s['lr_decay_iters']} "
                   f"(lr_decay_iters), so iters {max(self.start, s['lr_decay_iters'])}..{s['max_iters']} train "
-                  f"at min_lr={s['min_lr']:g}; --lr_decay_iters={s['max_iters']} stretches it instead")
+                  f"at min_lr={s['min_lr']:g}; --lr_decay_iters={s['max_iters']} --allow_changed=lr_decay_iters "
+                  "stretches it instead")
 
     # ---- the state: restored, or started ------------------------------------------------
     def begin(self, model, optimizer, rng, ds):
@@ -152,6 +276,13 @@ class Session:
                 best_val = math.inf
                 print(f"note: --new_data=True: training on {ds.name}, not the checkpoint's corpus; the best "
                       "validation loss starts afresh")
+            if self.changed and not s["eval_only"]:
+                print(f"note: --allow_changed: from iter {self.start} on, " + ", ".join(
+                    f"{k}={v!r} (was {was!r})" for k, (was, v) in self.changed.items())
+                    + ("; the evaluation batches changed, so the best validation loss starts afresh"
+                       if set(self.changed) & set(EVALUATION) else ""), file=sys.stderr)
+                if set(self.changed) & set(EVALUATION):
+                    best_val = math.inf
             print(f"resumed from {files.ckpt} at iter {self.start}")
         self.model, self.optimizer, self.rng, self.best_val = model, optimizer, rng, best_val
         if s["eval_only"]:
@@ -167,6 +298,8 @@ class Session:
         if not self.ckpt:
             self.save(0, None)                        # every run that started can be resumed
         files.open()
+        if self.changed:                              # the log says where the run changed, and how
+            files.write(dict(iter=self.start, changed_on_resume={k: list(v) for k, v in self.changed.items()}))
         return self.start, best_val, (self.start == 0 and kept == 0) or self.pending is not None
 
     # ---- the files ---------------------------------------------------------------------

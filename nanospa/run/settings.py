@@ -22,7 +22,8 @@ interrupted by SIGINT / SIGTERM (train.py saves a checkpoint first). With NANOSP
 the environment a failure raises instead, with its traceback (for bug reports).
 
 A value is read with ast.literal_eval and must have the default's type (a bare word is a
-string; an int is accepted where a float is expected). A tuple default takes a
+string; an int is accepted where a float is expected); a float must be finite (1e999 reads as
+inf, and no setting means anything by it), in every command. A tuple default takes a
 comma-separated list of its element type: --depths=1,4,12 or --lrs=1e-3,3e-3. A bare
 --flag sets a bool key to True. --preset=NAME is applied before every other setting,
 wherever it stands, so explicit settings win over the preset's; an empty preset name
@@ -34,6 +35,7 @@ and the defaults themselves (each command owns its defaults block).
 import ast
 import contextlib
 import difflib
+import math
 import os
 import re
 import signal
@@ -69,7 +71,12 @@ def _scalar(key, raw, value, default):
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif isinstance(default, float):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
+        try:
+            value = float(value) if ok else value
+        except OverflowError:                  # an int beyond any float
+            value = math.inf
+        if ok and not math.isfinite(value):    # 1e999 reads as inf: no setting means that
+            raise SettingsError(f"--{key}={raw}: must be a finite number")
     else:
         ok = isinstance(value, type(default))
     if not ok:
@@ -271,9 +278,19 @@ def _existing_ancestor(p):
     return p
 
 
+def _check_path_text(path, key):
+    """An output path that is empty or blank (Path("") is the current folder: a run would write
+    into wherever it was started) or holds a NUL byte (no file system takes one) is refused."""
+    if not str(path).strip():
+        raise SettingsError(f"--{key} is empty: name a folder or file to write to")
+    if "\0" in str(path):
+        raise SettingsError(f"--{key}={str(path)!r}: a path cannot hold a NUL byte")
+
+
 def check_output_dir(path, key):
     """SettingsError naming --key unless `path` is a folder or one can be made there: not a
     file, not a dangling link, not under a file, below a writable folder. Nothing is created."""
+    _check_path_text(path, key)
     p = Path(path)
     if p.is_symlink() and not p.exists():
         raise SettingsError(f"--{key}={path}: a dangling link (to {os.readlink(p)}), not a folder")
@@ -289,6 +306,7 @@ def check_output_dir(path, key):
 def check_output_file(path, key):
     """SettingsError naming --key unless a file can be written at `path`: not a folder, its
     folder exists (it is not created) and is writable."""
+    _check_path_text(path, key)
     p = Path(path)
     if p.is_dir():
         raise SettingsError(f"--{key}={path}: a folder, not a file")
