@@ -152,7 +152,8 @@ class Attention(Module):
         scale, bias = 1.0 / math.sqrt(D), self.logit_bias()
         for hook in self.hooks:                                  # extensions only
             q, k, scale, bias = hook.logits(q, k, scale, bias)
-        y, P = (dense_attention if record is not None else self.evaluate)(q, k, v, scale, bias, carry)
+        by_blocks = getattr(self.evaluate, "by_blocks", False)   # no (T, T) P to record: trace densely
+        y, P = (dense_attention if record is not None and by_blocks else self.evaluate)(q, k, v, scale, bias, carry)
         y = self.output(y, v)                                    # (B, H, T, D)
         if record is not None:
             record["attention"] = self.effective(P.data)
@@ -241,6 +242,19 @@ class SPA(Attention):
 
 
 ATTENTIONS = {"softmax": Attention, "value_skipinit": ValueSkipInit, "uspa": SPA, "espa": SPA}
+
+
+def check_kind(cls):
+    """cls itself, or ValueError when an attention kind says half of what it is: a kind that
+    changes what softmax attention computes (logit_bias or output) must also say what it is at
+    init (at_init) and what matrix it applies (effective), and the other way round."""
+    own = {name for name in ("logit_bias", "output", "effective", "at_init")
+           if getattr(cls, name) is not getattr(Attention, name)}
+    if own and not ({"effective", "at_init"} <= own and own & {"logit_bias", "output"}):
+        raise ValueError(f"attention kind {cls.__name__} is half a variant: it defines {sorted(own)} of "
+                         "logit_bias or output (its forward), and effective and at_init (what it is at init) "
+                         "(docs/adding_a_variant.md)")
+    return cls
 
 
 class MLP(Module):
@@ -357,8 +371,9 @@ class Position:
         return []
 
     @staticmethod
-    def at_init(cfg, T):
-        return signal.input_kernel(T=T, pos=cfg.pos, n_embd=cfg.n_embd)
+    def at_init(cfg, T=None, tokens=None):
+        """Sigma_0 of T distinct tokens, or of the sequence `tokens`."""
+        return signal.input_kernel(tokens, T, pos=cfg.pos, n_embd=cfg.n_embd)
 
     @staticmethod
     def logit_bias_at_init(cfg, plan, layer, T):
@@ -378,9 +393,9 @@ def variant(field, name):
     nanospa/beyond/ (imported here, and only here: the paper's variants never load it);
     ValueError naming the value and the allowed ones when neither holds it."""
     registry = REGISTRIES[field]
-    if name in registry:
-        return registry[name]
-    return importlib.import_module("nanospa.beyond").variant(field, name, known=tuple(registry))
+    if name not in registry:
+        return importlib.import_module("nanospa.beyond").variant(field, name, known=tuple(registry))
+    return check_kind(registry[name]) if field == "attention" else registry[name]
 
 
 def evaluation(cfg):

@@ -93,11 +93,16 @@ class BlockMaps:
         g2 = self.residual.branch_gain2                                     # DeepNorm: beta^2 F(beta^2 Sigma)
         return self.mlp_map(Sigma) if g2 == 1.0 else g2 * self.mlp_map(g2 * Sigma)
 
+    def branch_input(self, Sigma):
+        return Sigma if self.cfg.norm_position == "post" else self.norm(Sigma)
+
+    def combine(self, Sigma_x, Sigma_h):
+        out = self.residual.at_init(Sigma_x, Sigma_h)
+        return self.norm(out) if self.cfg.norm_position == "post" else out
+
     def sublayer(self, Sigma, f):
-        post = self.cfg.norm_position == "post"
-        h = f(Sigma if post else self.norm(Sigma))
-        out = self.residual.at_init(Sigma, h)
-        return h, self.norm(out) if post else out
+        h = f(self.branch_input(Sigma))
+        return h, self.combine(Sigma, h)
 
     def final(self, Sigma):
         return self.norm(Sigma) if self.cfg.uses_final_norm else Sigma
@@ -148,7 +153,7 @@ class KernelPrediction:
         return signal.kernel_stats(self.kernel(layer, sublayer))
 
 
-def predict_kernels(cfg, sigma_0=None, plan=None, softmax_samples=32, batch=None):
+def predict_kernels(cfg, sigma_0=None, plan=None, softmax_samples=32, batch=None, maps=None):
     """Predicted (wide-limit) kernels of GPT(cfg, plan=plan) at init after every sublayer.
 
     sigma_0: the input kernel (T, T), T <= block_size; default the position scheme's kernel
@@ -158,12 +163,14 @@ def predict_kernels(cfg, sigma_0=None, plan=None, softmax_samples=32, batch=None
     (B T, B T) kernel of a whole batch and so is every kernel of the result (BatchNorm's
     training-mode statistics). Exact at init in the wide limit for SPA (W^Q = 0),
     Value-SkipInit and zero-query softmax; softmax with random queries is a mean field (the
-    result's notes say so)."""
+    result's notes say so). maps: the block's maps (default its residual variant's: BlockMaps,
+    or an extension's own, as nGPT's)."""
     plan = signal.make_plan(cfg) if plan is None else plan
-    parts = variant("residual", cfg.residual)
-    maps = getattr(parts, "maps", BlockMaps)(cfg, plan, batch=batch, softmax_samples=softmax_samples)
+    if maps is None:
+        make = getattr(variant("residual", cfg.residual), "maps", BlockMaps)
+        maps = make(cfg, plan, batch=batch, softmax_samples=softmax_samples)
     if sigma_0 is None:
-        sigma_0 = variant("pos", cfg.pos).at_init(cfg, cfg.block_size)
+        sigma_0 = variant("pos", cfg.pos).at_init(cfg, T=cfg.block_size)
     sigma_0 = np.asarray(sigma_0, dtype=np.float64)
     B = batch or 1
     T = sigma_0.shape[0] // B
@@ -200,7 +207,7 @@ def predicted_kernels(cfg, plan=None, idx=None):
         return [pred.kernel(l) for l in range(cfg.n_layer + 1)]
     total = None
     for row in idx:
-        S0 = signal.input_kernel(tokens=row, pos=cfg.pos, n_embd=cfg.n_embd)
+        S0 = variant("pos", cfg.pos).at_init(cfg, tokens=row)
         pred = predict_kernels(cfg, sigma_0=S0, plan=plan)
         ks = [pred.kernel(l) for l in range(cfg.n_layer + 1)]
         total = ks if total is None else [a + b for a, b in zip(total, ks)]

@@ -1,6 +1,6 @@
 """Tests for nanospa/measure.py: token batches, the measured configuration and the kernels
 measured on a real model at init (what nanospa.signal predicts in the wide limit; the
-comparison itself: tests/test_signal_predict.py)."""
+comparison itself: tests/test_predict.py)."""
 import numpy as np
 import pytest
 

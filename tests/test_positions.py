@@ -120,8 +120,9 @@ def test_config_checks_the_positions():
         GPTConfig(pos="rotary")
     for pos in LOGIT_POSITIONS:                                    # nothing is added to the embedding
         assert token_variance(pos) == 1.0
-        np.testing.assert_array_equal(input_kernel(np.array([0, 1, 0]), pos=pos), input_kernel(np.array([0, 1, 0])))
         model = GPT(tiny_config(attention="softmax", pos=pos), seed=0)
+        np.testing.assert_array_equal(variant("pos", pos).at_init(model.config, tokens=np.array([0, 1, 0])),
+                                      input_kernel(np.array([0, 1, 0])))
         assert model.wpe is None and not any(k in model.state_dict() for k in ("pe", "wpe.weight"))
 
 
@@ -322,7 +323,7 @@ def test_prediction_notes_and_unchanged_plain_mean_field():
     dict(attention="espa", pos="alibi", kernel_budget="independent", gamma_final=0.02, eta=0.6)],
     ids=["preln-alibi", "preln-spa_prior", "espa-alibi"])
 def test_predicted_kernels_match_a_wide_network(extra):
-    """Width 512 (the tolerances of tests/test_signal_predict.py, d^-1/2 laws): the kernels
+    """Width 512 (the tolerances of tests/test_predict.py, d^-1/2 laws): the kernels
     after every attention branch and block of a wide random model at init are the predicted
     ones (ALiBi's per-head matrices averaged over the 4 heads, the prior's softmax(B_l))."""
     width = 512
@@ -333,7 +334,7 @@ def test_predicted_kernels_match_a_wide_network(extra):
 
 def test_rope_with_zero_queries_changes_nothing_at_init():
     """Predicted: the kernels of pos="rope" with W^Q = 0 are those without positions, exactly
-    (tests/test_signal_predict.py checks those against a wide network); the model's outputs
+    (tests/test_predict.py checks those against a wide network); the model's outputs
     at init are those of the same weights without RoPE, to rounding."""
     base = dict(block_size=8, n_layer=3, n_head=2, n_embd=16, attention="softmax", zero_query=True,
                 residual="standard", norm="layernorm", activation="gelu", vocab_size=13, dtype="float64")

@@ -241,9 +241,11 @@ class NGPTMaps(BlockMaps):
     def mlp(self, Sigma):
         return ngpt_maps.mlp(Sigma, self.mlp_map, self.d, self.m)
 
-    def sublayer(self, Sigma, f):
-        h = f(Sigma)
-        return h, ngpt_maps.update(Sigma, h, self.alpha, self.d)
+    def branch_input(self, Sigma):
+        return Sigma
+
+    def combine(self, Sigma_x, Sigma_h):
+        return ngpt_maps.update(Sigma_x, Sigma_h, self.alpha, self.d)
 
     def final(self, Sigma):
         return Sigma

@@ -27,7 +27,22 @@ import functools
 import numpy as np
 
 from .. import backend
+from .. import signal
 from ..model import Position
+
+
+class LogitPosition(Position):
+    """The schemes here add nothing to the embedding: Sigma_0 is the kernel without positions."""
+
+    def build(self, model, rng):
+        pass
+
+    def embed(self, model, x, T):
+        return x
+
+    @staticmethod
+    def at_init(cfg, T=None, tokens=None):
+        return signal.input_kernel(tokens, T, pos="none")
 from ..nn import Parameter
 from ..signal.attn_bias import bias_block, dense_layer_bias, layer_bias
 from ..signal.beyond.positions import alibi_bias, rope_angles, rope_frequencies
@@ -74,7 +89,7 @@ def _tables(T, D, dtype, xp):
     return backend.asarray(np.cos(angles), dtype=dtype), backend.asarray(np.sin(angles), dtype=dtype)
 
 
-class RoPE(Position):
+class RoPE(LogitPosition):
     """pos="rope": every block's queries and keys rotated by position (RopeHook); at init the
     softmax mean field's logits rotate too (signal.softmax_attention_map's rope), and with
     W^Q = 0 RoPE changes nothing."""
@@ -102,7 +117,7 @@ class RopeHook:
         return rope(q, self.cos, self.sin), rope(k, self.cos, self.sin), scale, bias
 
 
-class ALiBi(Position):
+class ALiBi(LogitPosition):
     """pos="alibi": -m_h (i - j) added to head h's scaled logits (AlibiHook; with the slopes on
     the model's device, each block of the bias made there), nothing added to the embedding."""
 
@@ -142,7 +157,7 @@ class AlibiHook:
         return stored, blocks
 
 
-class SPAPrior(Position):
+class SPAPrior(LogitPosition):
     """pos="spa_prior" (softmax or Value-SkipInit attention): E-SPA's B_l of the model
     positions.spa_prior_config describes added to every block's logits (PriorHook), without
     its D_l; the plan's prior (signal.make_plan) holds that model's plan."""

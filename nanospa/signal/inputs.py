@@ -40,7 +40,7 @@ def input_kernel(tokens=None, T=None, pos="none", n_embd=None, pos_variance=POS_
 
         Sigma_0[i, j] = sigma_e^2 1[t_i = t_j] + sigma_p^2 1[i = j]      pos = "learned"
         Sigma_0[i, j] = sigma_e^2 1[t_i = t_j] + (P P^T / d)[i, j]       pos = "sinusoidal"
-        Sigma_0[i, j] = 1[t_i = t_j]                      pos = "none" (or positions in the logits)
+        Sigma_0[i, j] = 1[t_i = t_j]                      pos = "none" (also for positions in the logits)
 
     with sigma_p^2 = pos_variance and sigma_e^2 = 1 - sigma_p^2 (sigma_e^2 = 1 without
     positions). tokens: a (T,) sequence of ids, or None for T distinct tokens (then
@@ -60,8 +60,11 @@ def input_kernel(tokens=None, T=None, pos="none", n_embd=None, pos_variance=POS_
             raise ValueError(f"T={T} does not match len(tokens)={t.size}")
         T = t.size
         same = (t[:, None] == t[None, :]).astype(np.float64)
-    if pos not in ADDITIVE_POSITIONS:                           # nothing added to the embedding
+    if pos == "none":
         return same
+    if pos not in ADDITIVE_POSITIONS:
+        raise ValueError(f"pos={pos!r} is not one of {['none', *ADDITIVE_POSITIONS]} (positions that act in "
+                         "the logits add nothing to the embedding: pass pos='none')")
     if not 0.0 < pos_variance < 1.0:
         raise ValueError(f"pos_variance must be in (0, 1), got {pos_variance}")
     if pos == "learned":
