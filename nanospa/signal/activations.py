@@ -273,8 +273,7 @@ class PhiHat:
 
     @classmethod
     def of(cls, base, params):
-        """From a mapping of PARAM_KEYS: a missing key is the identity, a missing slope the plain
-        LEAKY_RELU_SLOPE."""
+        """From a mapping of PARAM_KEYS (a missing key: the identity; no slope: LEAKY_RELU_SLOPE)."""
         g = params.get
         slope = g("negative_slope", LEAKY_RELU_SLOPE) if base == "leaky_relu" else None
         return cls(base, g("input_scale", 1.0), g("input_shift", 0.0), g("output_scale", 1.0),
