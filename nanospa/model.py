@@ -64,20 +64,14 @@ def weight(matrix, dtype):
 
 
 class ShapedActivation:
-    """phi_hat(x) = output_scale * (phi(input_scale * x + input_shift) + output_shift) with
-    the parameters of a solved signal.activation_transform (a missing key skips its step; a
-    leaky ReLU takes negative_slope). One op does the whole map (functions.Shaped)."""
+    """phi_hat(x) = s (phi(a x + b) + o) of a solved signal.activation_transform: its PhiHat,
+    signal's one definition of phi_hat, evaluated by one op (functions.Shaped)."""
 
     def __init__(self, t):
-        self.base, self.method, self.params = t.activation, t.method, dict(t.params)
-        p = self.params
-        self.options = dict(a=p.get("input_scale", 1.0), b=p.get("input_shift", 0.0),
-                            s=p.get("output_scale", 1.0), o=p.get("output_shift", 0.0))
-        if self.base == "leaky_relu":
-            self.options["slope"] = p.get("negative_slope", signal.LEAKY_RELU_SLOPE)
+        self.base, self.method, self.params, self.phi_hat = t.activation, t.method, dict(t.params), t.phi_hat
 
     def __call__(self, x):
-        return Shaped.apply(x, base=self.base, **self.options)
+        return Shaped.apply(x, phi_hat=self.phi_hat)
 
     def __repr__(self):
         shown = ", ".join(f"{k}={v:.6g}" for k, v in self.params.items())

@@ -9,7 +9,7 @@ imported. Reading order:
 kernels.py        kernels, rank-collapse measures, SPA targets and schedules (§3, §4, §6, §7)
 cholesky.py       checked Cholesky, the general transfer matrix, non-causal variant (§5, §9)
 attn_bias.py      E-SPA / U-SPA closed forms in log space, B_l and D_l, A = diag(D) softmax(B) (§6-§8)
-activations.py    the base activations and their derivatives
+activations.py    the base activations, their derivatives, and phi_hat itself (PhiHat)
 qc_maps.py        quadrature and the Q/C maps of an activation (docs/activations.md §2, §8)
 depth_targets.py  per-layer targets from network-level ones (docs/activations.md §6)
 act_transform.py  the DKS and TAT solvers (docs/activations.md §3-§5, §7)
