@@ -438,12 +438,16 @@ class GPT(Module):
         """The MLPs' shaped activation (shared by every block)."""
         return self.blocks[0].mlp.act
 
-    def forward(self, idx, targets=None, record=None):
-        idx, targets = _token_ids(idx, targets, self.config.vocab_size)   # on the model's device
-        B, T = idx.shape
+    def embed(self, idx):
+        """The first block's input: token embeddings plus the positions (B, T) -> (B, T, C)."""
+        T = idx.shape[1]
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        x = self.position.embed(self, self.wte(idx), T)     # (B, T) -> (B, T, C)
+        return self.position.embed(self, self.wte(idx), T)
+
+    def forward(self, idx, targets=None, record=None):
+        idx, targets = _token_ids(idx, targets, self.config.vocab_size)   # on the model's device
+        x = self.embed(idx)                                 # (B, T) -> (B, T, C)
         if record is not None:
             record.hidden.append(backend.to_numpy(x.data))
         carry = {}                                          # what one block hands the next (RealFormer)

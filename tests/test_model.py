@@ -250,20 +250,21 @@ def test_an_edit_of_B_is_seen_by_the_next_call():
     after = model(idx)[0].data
     assert np.abs(after - before).max() > 1e-3
     np.testing.assert_array_equal(after, edited(idx)[0].data)
-    assert GPT(tiny(attention="softmax")).blocks[0].attn.logit_bias(4) is None
+    assert GPT(tiny(attention="softmax")).blocks[0].attn.logit_bias() == (None, None)
 
 
 def test_attention_implementation_follows_the_config():
-    """auto: the dense reference up to attention.AUTO_DENSE_MAX_T positions, blockwise above
-    (a SPA block then keeps B_l's O(T) parts and no (T, T) buffer); dense and blockwise as set."""
-    from nanospa.beyond.blockwise import AUTO_DENSE_MAX_T
-    short, long_ = (GPT(tiny(attention="espa", block_size=T)) for T in (AUTO_DENSE_MAX_T, AUTO_DENSE_MAX_T + 1))
-    assert short.blocks[0].attn.impl == "dense" and short.blocks[0].attn.B.shape == (AUTO_DENSE_MAX_T,) * 2
-    assert long_.blocks[0].attn.impl == "blockwise" and long_.blocks[0].attn.B is None
-    assert long_.blocks[0].attn.bias_parts["kind"] == "espa"
-    forced = GPT(tiny(attention="uspa", attention_impl="dense", block_size=AUTO_DENSE_MAX_T + 1))
-    assert forced.blocks[1].attn.impl == "dense" and forced.blocks[1].attn.bias_parts is None
-    assert GPT(tiny(attention="softmax", attention_impl="blockwise")).blocks[0].attn.impl == "blockwise"
+    """auto: the dense reference up to model.DENSE_MAX_T positions, by blocks above (a SPA
+    block then keeps B_l's O(T) parts and no (T, T) buffer); dense and blockwise as set."""
+    from nanospa.model import DENSE_MAX_T
+    blocks = lambda model, l=0: getattr(model.blocks[l].attn.evaluate, "by_blocks", False)  # noqa: E731
+    short, long_ = (GPT(tiny(attention="espa", block_size=T)) for T in (DENSE_MAX_T, DENSE_MAX_T + 1))
+    assert not blocks(short) and short.blocks[0].attn.B.shape == (DENSE_MAX_T,) * 2
+    assert blocks(long_) and long_.blocks[0].attn.B is None
+    assert long_.blocks[0].attn.parts["kind"] == "espa"
+    forced = GPT(tiny(attention="uspa", attention_impl="dense", block_size=DENSE_MAX_T + 1))
+    assert not blocks(forced, 1) and forced.blocks[1].attn.parts is None
+    assert blocks(GPT(tiny(attention="softmax", attention_impl="blockwise")))
 
 
 def test_after_step_calls_each_module_hook_once_in_module_order():
@@ -283,14 +284,14 @@ def test_after_step_calls_each_module_hook_once_in_module_order():
 @pytest.mark.parametrize("zero_query", [False, True])
 def test_the_model_at_init_is_what_signal_says_each_attention_is(attention, zero_query):
     """The attention matrices a fresh model applies (its trace) are, layer by layer, the one
-    definition of each attention at initialisation (signal.predict.effective_attention); a
-    softmax with random queries has none and is data-dependent."""
-    from nanospa.signal.predict import effective_attention
+    definition of each attention at initialisation (its kind's at_init); a softmax with
+    random queries has none and is data-dependent."""
+    from nanospa.predict import attention_at_init
     cfg = tiny(attention=attention, zero_query=zero_query and attention == "softmax", n_layer=3)
     model = GPT(cfg, seed=0)
     tr = model.trace(IDX)
     for l in range(1, cfg.n_layer + 1):
-        A = effective_attention(cfg, model.plan, l, IDX.shape[1])
+        A = attention_at_init(cfg, model.plan, l, IDX.shape[1])[0]
         if A is None:
             assert attention == "softmax" and not cfg.zero_query
             continue

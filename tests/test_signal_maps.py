@@ -176,7 +176,7 @@ def test_block_maps_residual_and_norm_arrangements():
     h, out = BlockMaps(block_cfg(residual="standard"), LINEAR).sublayer(S, f)
     np.testing.assert_allclose(out, 3 * S, rtol=1e-14)
     maps = BlockMaps(block_cfg(residual="normalised"), LINEAR)
-    assert maps.a2 == pytest.approx(0.64) and maps.b2 == pytest.approx(0.36)
+    assert maps.a ** 2 == pytest.approx(0.64) and maps.b ** 2 == pytest.approx(0.36)
     np.testing.assert_allclose(maps.sublayer(S, f)[1], 0.64 * S + 0.36 * 2 * S, rtol=1e-14)
     # pre-norm: the branch sees C, the skip the un-normalised kernel
     h, out = BlockMaps(block_cfg(residual="standard", norm="layernorm"), LINEAR).sublayer(S, f)

@@ -30,7 +30,7 @@ from ..measure import measure_config, measured_kernels, token_batch
 from ..model import GPT
 from ..predict import predict_kernels
 from ..signal import kernel_stats, make_plan, normalised_kernel
-from ..signal.table import predicted_kernels
+from ..predict import predicted_kernels
 
 NAME = "budget"
 TITLE = "kernel budget: deep vanilla E-SPA with shaped MLPs under each budget policy"

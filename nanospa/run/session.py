@@ -77,7 +77,8 @@ RESUME_KINDS = dict(
     run=("batch_size", "grad_accum", "eval_iters", "seed", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters",
          "weight_decay", "beta1", "beta2", "grad_clip", "mup_base_width", "kfac_damping", "kfac_damping_mode",
          "kfac_ema", "kfac_inv_interval", "kfac_inverse_dtype", "kfac_momentum", "kfac_kl_clip", "kfac_fisher",
-         "kfac_stats_fraction", "kfac_adam_lr_ratio"),
+         "kfac_stats_fraction", "kfac_adam_lr_ratio", "muon_momentum", "muon_nesterov", "muon_ns_steps",
+         "muon_adam_lr_ratio"),
 )
 PER_RUN = RESUME_KINDS["per_run"]              # never from a checkpoint
 EVALUATION = ("batch_size", "grad_accum", "eval_iters")   # they make the evaluation batches
