@@ -205,6 +205,8 @@ def train(argv):
               + (f" ({threads.threads()} threads)" if s["device"] == "cpu" else ""))
         print("plan: " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                   for k, v in model.plan.info.items()) + f"; activation {model.activation!r}")
+        for note in model.plan.notes:                 # a target the plan could not meet, e.g. a ReLU for a leaky ReLU
+            print(f"plan note: {note}")
 
         # -- optimiser; the checkpoint's state on resume (weights, optimiser, batch generator)
         optimizer = make_optimizer(s, model, seed=s["seed"], rank=world.rank,

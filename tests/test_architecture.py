@@ -281,8 +281,8 @@ def infrastructure_imports(g):
             continue
         core = name in ("nanospa",) or (name.count(".") == 1 and name.startswith("nanospa.")
                                         and not any(name.startswith(i) for i in INFRASTRUCTURE + ("nanospa.beyond",))) \
-            or (name.startswith(SIGNAL) and name != SIGNAL_CLI)
-        beyond = name.startswith("nanospa.beyond")
+            or (name.startswith(SIGNAL) and name != SIGNAL_CLI and not is_extension(name))
+        beyond = name.startswith("nanospa.beyond") or (name.startswith(SIGNAL) and is_extension(name))
         for target, line in edges.items():
             infra = any(target == i or target.startswith(i + ".") for i in INFRASTRUCTURE)
             by_name = (name, target) in lookups and name in ("nanospa.model", "nanospa.config")

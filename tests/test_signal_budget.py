@@ -201,3 +201,15 @@ def test_plan_is_immutable():
     B0[0, 0], info["a"].append(3), info.update(b=1)
     assert own.overrides[0][0][0, 0] == 0.0 and own.info["a"] == (1, 2) and "b" not in own.info
     assert isinstance(own.schedule, tuple) and own.activation == {}
+
+
+def test_the_plan_says_when_it_clamps_eta():
+    """At depth 4 the default budget's eta = 0.9 is out of reach: eta is clamped to max_eta and
+    the solved 'TAT leaky ReLU' is a ReLU, and the plan says so in words; at depth 16 it is met
+    and the plan has no note; an explicit eta is never a clamp."""
+    shallow = make_plan(cfg(n_layer=4))
+    assert shallow.info["eta_clamped_to_max"] and len(shallow.notes) == 1
+    assert "a ReLU" in shallow.notes[0] and f"{shallow.info['eta']:.4g}" in shallow.notes[0]
+    assert shallow.params["negative_slope"] < 1e-6 and "note: eta clamped" in str(shallow)
+    assert make_plan(cfg(n_layer=16)).notes == ()
+    assert make_plan(cfg(n_layer=4, eta=0.5)).notes == ()

@@ -283,7 +283,9 @@ def test_lr_schedule_is_warmup_then_cosine(tmp_path, text_file):
 
 def test_eval_only_reports_and_writes_nothing(tmp_path, text_file, capsys):
     assert run(tmp_path, text_file, "--eval_only") == 0
-    assert "init: train" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "init: train" in out
+    assert "plan note: eta clamped" in out and "a ReLU" in out      # depth 2 cannot reach eta = 0.9
     assert not (tmp_path / "out").exists()
 
 
