@@ -61,7 +61,7 @@ def measured_kernels(model, idx):
 def measured_batch_kernels(model, idx):
     """Kernels of all B T tokens of idx at once, (B T, B T) in sequence-major order: as
     measured_kernels, without averaging over sequences, so that the entries between
-    sequences are kept (predict_kernels(batch=B), signal/norm_maps.py). The model's mode
+    sequences are kept (predict_kernels(batch=B), signal/beyond/norm_maps.py). The model's mode
     decides BatchNorm's statistics."""
     tr = model.trace(idx)
     flat = lambda h: h.reshape(1, -1, h.shape[-1])                   # (B, T, d) -> (1, B T, d)

@@ -1,6 +1,6 @@
 """Tests for the positions that act in attention (docs/positions.md): nanospa/beyond/positions.py
 (the RoPE op, ALiBi and fixed-bias blocks), nanospa/signal/beyond/positions.py (slopes, angles,
-the SPA prior's model) and their use in model.py and attention.py: float64 gradient checks
+the SPA prior's model) and their use in model.py and beyond/positions.py: float64 gradient checks
 of the op and of models with every attention, residual and norm variant, the dense and
 blockwise paths against each other, the SPA prior's B_l against E-SPA's own, and the
 attention matrices and kernels at init against nanospa.signal's predictions."""

@@ -15,7 +15,7 @@ weights: the columns of W^Q, W^K, W^V, W_u, W_nu and W_z (axis 0), the rows of W
 MLP's W_o and the embedding table (axis 1). They are normalised once at construction and
 again after every optimiser step by the modules' after_step() (GPT.after_step() calls it;
 train.py, the experiments and the benchmark call that), so a checkpoint holds them as the
-plain parameters they are. Constants: signal/residuals.py (NGPT_INITS).
+plain parameters they are. Constants: signal/beyond/residuals.py (NGPT_INITS).
 
     NGPT                  the registry row of residual="ngpt" (beyond.EXTENSIONS): its embedding,
                           block (softmax attention with QKNormHook) and head for model.GPT, and

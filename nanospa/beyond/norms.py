@@ -25,7 +25,7 @@ as per-device BatchNorm does: the loss depends on how the batch is split, determ
 Under MPI every rank keeps its own running statistics (rank 0's are checkpointed).
 
 Not here: LayerNorm, RMSNorm (nn.py); the train / eval flag (nn.Module.train); the
-kernel maps at init (signal/norm_maps.py); the future-leakage measurement (causality.py).
+kernel maps at init (signal/beyond/norm_maps.py); the future-leakage measurement (experiments/causality.py).
 """
 import math
 import warnings

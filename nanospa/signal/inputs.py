@@ -77,7 +77,7 @@ def input_kernel(tokens=None, T=None, pos="none", n_embd=None, pos_variance=POS_
 
 def batch_input_kernel(tokens, pos="none", n_embd=None, pos_variance=POS_VARIANCE):
     """Sigma_0 of all B T tokens of a batch (B, T) at once, (B T, B T) in sequence-major order
-    (index b T + t), for norms whose statistics couple the sequences (signal/norm_maps.py):
+    (index b T + t), for norms whose statistics couple the sequences (signal/beyond/norm_maps.py):
     sigma_e^2 1[same token id] between any two tokens, plus the positional kernel of
     input_kernel between positions t and t' of any two sequences (the same table row)."""
     t = np.asarray(tokens)
