@@ -20,7 +20,6 @@ import pytest
 
 import train
 from nanospa import backend
-from nanospa.run import step
 from nanospa.run import threads as cpu
 from nanospa.run import checkpoint
 from nanospa.run.checkpoint import load_checkpoint
@@ -346,13 +345,13 @@ def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(tmp_path, te
 
 
 def test_non_finite_gradient_stops_and_keeps_the_last_good_checkpoint(tmp_path, text_file, capsys, monkeypatch):
-    calls, real = [], step.clip_grad_norm
+    calls, real = [], train.clip_grad_norm
 
     def clip(params, max_norm):                        # the 5th step's gradient is non-finite
         calls.append(1)
         return float("nan") if len(calls) == 5 else real(params, max_norm)
 
-    monkeypatch.setattr(step, "clip_grad_norm", clip)
+    monkeypatch.setattr(train, "clip_grad_norm", clip)
     assert run(tmp_path, text_file, "--max_iters=10", "--checkpoint_interval=2") == 1
     err = capsys.readouterr().err
     path = tmp_path / "out" / "ckpt.npz"

@@ -246,7 +246,7 @@ def test_out_of_memory_is_one_line_naming_the_sizes(tmp_path, text_file, capsys,
     def no_memory(*a, **k):
         raise MemoryError("Unable to allocate 96.0 GiB for an array with shape (16, 4, 64, 64)")
 
-    monkeypatch.setattr(step, "sharded_backward", no_memory)
+    monkeypatch.setattr(step, "forward", no_memory)
     assert train.main(args(text_file, tmp_path / "out")) == 2
     line = error_line(capsys)
     assert line.startswith("error: out of memory (Unable to allocate 96.0 GiB") and "batch_size" in line
@@ -628,9 +628,9 @@ def test_a_signal_during_a_step_abandons_it_and_saves_the_state_before_it(tmp_pa
     out = tmp_path / "out"
 
     def arm():
-        real, calls = step.sharded_backward, [0]
+        real, calls = step.sliced_loss, [0]
 
-        def sharded(loss_fn, *batch, **kw):
+        def sliced(loss_fn, *batch, **kw):
             calls[0] += 1
             if calls[0] != 5:
                 return real(loss_fn, *batch, **kw)
@@ -642,7 +642,7 @@ def test_a_signal_during_a_step_abandons_it_and_saves_the_state_before_it(tmp_pa
                     time.sleep(60)                  # a slice that would hold the exit up for a minute
                 return loss_fn(*b)
             return real(firing, *batch, **kw)
-        step.sharded_backward = sharded
+        step.sliced_loss = sliced
 
     started = time.monotonic()
     assert _forked(argv(out), arm) == 143
