@@ -330,10 +330,14 @@ class Session:
 
     def complete_pending(self, ev):
         """The record of the evaluation a signal cut short (run.pending), with that evaluation
-        `ev` now made: logged, and its validation loss counted; nothing with eval_only."""
+        `ev` now made: logged, its validation loss counted, and the checkpoint written again
+        without it, so that a later resume from it (the run stopped before its next checkpoint,
+        or it was the last step) does not log it twice; nothing with eval_only."""
         if self.pending and not self.settings["eval_only"]:
             self.best_val = min(self.best_val, ev["val_loss"])
             self.log(dict(self.pending, **ev))
+            self.pending = None
+            self.save(self.start, self.ckpt["state"].get("train_loss"))
 
     # ---- the files ---------------------------------------------------------------------
     def log(self, record, sync=False):
