@@ -270,11 +270,11 @@ def train(argv):
             for it in bar:
                 lr = optimizer.lr = get_lr(it)
                 x, y = get_batch(ds.train, B * A, T, rng)  # (B A, T) int64 each: A micro-batches of B
-                losses = []                           # each micro-batch's share of the batch's mean loss
+                losses = []                           # the micro-batches' shares of the batch's mean loss
                 with run.abandoning():                # a signal in here drops the step: only .grad changed
-                    for xs, ys, weight in step.micro_batches(x, y, A, world):  # MPI: this rank's rows of each
-                        loss = step.forward(model, xs, ys) * weight   # its slices' forwards on the worker threads
-                        loss.backward()               # each slice's backward on its thread, into .grad in order
+                    for xs, ys, weight in step.micro_batches(x, y, A, world):  # weight 1/A; MPI: this rank's rows
+                        loss = step.forward(model, xs, ys) * weight   # forward: a slice per worker thread
+                        loss.backward()               # backward: each slice's on its thread, into .grad in order
                         losses.append(loss.data)
                 step.update_curvature(optimizer, x, y, A, world)   # K-FAC's curvature pass; AdamW: none
                 world.allreduce_grads(params)         # MPI: the mean gradient over the ranks

@@ -200,7 +200,8 @@ class Session:
         # Where the loop is, for _stopped: the state's iteration n (after watch(n)), the step in
         # progress (None between steps) and the batch generator before its batch, the record of
         # an evaluation in progress, the iteration last saved, whether every rank has seen a signal.
-        self.n, self.loss, self.it, self.drawn, self.record, self.saved_at, self._stop = 0, None, None, None, None, None, False
+        self.n, self.loss, self.it, self.drawn, self.record = 0, None, None, None, None
+        self.saved_at, self._stop = None, False
 
     # ---- the settings, before any data is read --------------------------------------
     def __enter__(self):

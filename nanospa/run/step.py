@@ -87,6 +87,7 @@ def read(losses, norm, world=SINGLE):
 
 
 def train_step(model, optimizer, x, y, grad_clip=0.0, accum=1, world=SINGLE):
+    """train.py's step as one call -> (loss, grad_norm); the update only when both are finite."""
     losses = []
     for xs, ys, weight in micro_batches(x, y, accum, world):
         loss = forward(model, xs, ys) * weight
