@@ -8,7 +8,7 @@ from . import backend
 from .tensor import Tensor, Function, no_grad
 from . import functions, shape_ops, fused
 from .nn import Module, Parameter
-from .optim import AdamW, SGD
+from .optim import AdamW
 from . import signal
 from .config import GPTConfig
 from .model import GPT

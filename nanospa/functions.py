@@ -3,7 +3,7 @@
 Here: arithmetic (Add, Sub, Mul, Div, Neg, Pow), Exp, Log, Sqrt, the activations
 (Activation: any phi of signal.activations.ACTIVATIONS, the one definition the DKS/TAT maths
 use too), the shaped activation of DKS/TAT in one op (Shaped: signal.activations.PhiHat, one
-definition too), and selection (Where; the functional spellings where and masked_fill). Each
+definition too), and selection (Where; its functional spelling where). Each
 output entry depends only on the same entry of each (broadcast) input, so each backward is a
 product with a local derivative.
 
@@ -199,11 +199,6 @@ def where(cond, a, b):
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
         raise TypeError("where: a or b must be a Tensor")
     return Where.apply(a, b, cond=_condition(cond, a if isinstance(a, Tensor) else b))
-
-
-def masked_fill(x, mask, value):
-    """x with entries where ``mask`` is True replaced by the constant ``value``."""
-    return Where.apply(float(value), x, cond=_condition(mask, x))
 
 
 def _condition(cond, like):

@@ -118,8 +118,12 @@ def graph(trees=None):
             if target != name:
                 edges.setdefault(target, line)
         g[name] = edges
-    g["__lookups__"] = {(name, t) for name in FILES if not is_extension(name)
-                        for t, _ in imports(name, trees.get(name), by_name=True) if is_extension(t)}
+    g["__lookups__"] = set()
+    for name in FILES:
+        if not is_extension(name):
+            looked_up = set(imports(name, trees.get(name), by_name=True))           # {(target, line)}
+            static = {t for t, line in imports(name, trees.get(name)) if (t, line) not in looked_up}
+            g["__lookups__"] |= {(name, t) for t, _ in looked_up if is_extension(t) and t not in static}
     return g
 
 

@@ -62,7 +62,6 @@ OPS = {
     "elu": (lambda a: a.elu(), [away_from_zero(3, 4)]),
     "swish": (lambda a: a.swish(), [normal(3, 4) * 2]),
     "where": (lambda a, b: F.where(COND, a, b), [normal(3, 4), normal(4)]),
-    "masked_fill": (lambda a: F.masked_fill(a, COND, -7.0), [normal(3, 4)]),
     "shaped_lrelu": (lambda a: shaped(a, "leaky_relu", s=1.3, negative_slope=0.35), [away_from_zero(3, 4)]),
     "shaped_lrelu_shifted": (lambda a: shaped(a, "leaky_relu", a=0.9, b=0.05, s=1.1, negative_slope=0.2),
                              [away_from_zero(3, 4)]),

@@ -38,6 +38,7 @@ from ..model import Norm
 from ..nn import LayerNorm, Module, Parameter
 from ..run.threads import current_slice
 from ..signal.beyond.norm_maps import BATCH_NORM_EPS, DYT_ALPHA
+from ..signal.kernels import kernel_matrix
 from ..tensor import Function, Tensor
 
 BATCH_NORMS = ("batchnorm", "prepbn")  # statistics over the batch and positions
@@ -279,3 +280,15 @@ class BatchNorms(Norm):
         if cfg.norm == "batchnorm":
             return BatchNorm(cfg.n_embd, **options)
         return PRepBN(cfg.n_embd, cfg.prepbn_steps, eta0=cfg.prepbn_eta, **options)
+
+
+def measured_batch_kernels(model, idx):
+    """Kernels of all B T tokens of idx at once, (B T, B T) in sequence-major order: as
+    measured_kernels, without averaging over sequences, so that the entries between
+    sequences are kept (predict_kernels(batch=B), signal/beyond/norm_maps.py; measure.measured_kernels
+    averages over them). The model's mode
+    decides BatchNorm's statistics."""
+    tr = model.trace(idx)
+    flat = lambda h: h.reshape(1, -1, h.shape[-1])                   # (B, T, d) -> (1, B T, d)
+    return dict(hidden=[kernel_matrix(flat(h), mean=True) for h in tr.hidden],
+                attn_branch=[kernel_matrix(flat(h), mean=True) for h in tr.attn_out])

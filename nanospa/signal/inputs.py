@@ -1,5 +1,5 @@
-"""The input kernel Sigma_0 of a token sequence (docs/method.md §11), or of a whole batch
-(batch_input_kernel, for BatchNorm's maps), and the positional encodings it depends on.
+"""The input kernel Sigma_0 of a token sequence (docs/method.md §11) and the positional
+encodings it depends on (a whole batch's, for BatchNorm's maps: beyond/norm_maps.py).
 
 The model's embedding gives each token id a vector of variance sigma_e^2 per coordinate and
 (with additive positions, ADDITIVE_POSITIONS) adds one of variance sigma_p^2 = POS_VARIANCE,
@@ -73,18 +73,3 @@ def input_kernel(tokens=None, T=None, pos="none", n_embd=None, pos_variance=POS_
         raise ValueError("input_kernel with pos='sinusoidal' needs n_embd")
     P = sinusoidal_encoding(T, n_embd, pos_variance)
     return (1.0 - pos_variance) * same + P @ P.T / n_embd
-
-
-def batch_input_kernel(tokens, pos="none", n_embd=None, pos_variance=POS_VARIANCE):
-    """Sigma_0 of all B T tokens of a batch (B, T) at once, (B T, B T) in sequence-major order
-    (index b T + t), for norms whose statistics couple the sequences (signal/beyond/norm_maps.py):
-    sigma_e^2 1[same token id] between any two tokens, plus the positional kernel of
-    input_kernel between positions t and t' of any two sequences (the same table row)."""
-    t = np.asarray(tokens)
-    if t.ndim != 2 or t.size == 0:
-        raise ValueError(f"tokens must be a non-empty (B, T) array, got shape {t.shape}")
-    B, T = t.shape
-    flat = t.reshape(-1)
-    var_e = 1.0 if pos not in ADDITIVE_POSITIONS else 1.0 - pos_variance
-    positions = input_kernel(T=T, pos=pos, n_embd=n_embd, pos_variance=pos_variance) - var_e * np.eye(T)
-    return var_e * (flat[:, None] == flat[None, :]) + np.tile(positions, (B, B))
