@@ -257,16 +257,22 @@ def folder_sizes():
 
 
 def test_readme_reading_guide_is_the_core_with_its_sizes():
+    """README's two reading lists (read first, read second) together are the core, each file
+    once with its line count, and each list's total is its files' sum."""
     listed = {}
-    rows = readme_table("| step | files (lines) |")
-    for step, cell in rows[:-1]:
-        for name, n in re.findall(r"([\w/]+\.py) \((\d+)\)", cell):
-            listed[name] = int(n)
+    for title in ("| read first | files (lines) |", "| read second | files (lines) |"):
+        rows = readme_table(title)
+        part = {}
+        for step, cell in rows[:-1]:
+            for name, n in re.findall(r"([\w/]+\.py) \((\d+)\)", cell):
+                assert name not in listed and name not in part, f"README lists {name} twice"
+                part[name] = int(n)
+        total = int(re.sub(r"\D", "", rows[-1][1]))
+        assert total == sum(part.values()), f"README's {title.split('|')[1].strip()!r} total should be {sum(part.values()):,}"
+        listed.update(part)
     actual = core_files()
     assert listed == actual, ("README's reading guide is out of date: update it to "
                               + ", ".join(f"{k} ({v})" for k, v in actual.items()))
-    total = int(re.sub(r"\D", "", rows[-1][1]))
-    assert total == sum(actual.values()), f"README's reading-guide total should be {sum(actual.values()):,}"
 
 
 def test_readme_size_table_is_the_tree():
