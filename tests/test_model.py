@@ -339,3 +339,28 @@ def test_generate_checks_its_settings():
         with pytest.raises(ValueError, match=f"^generate: {name}"):
             model.generate(x, **kw)
     assert model.generate(x, max_new_tokens=3, top_k=1).shape == (1, 5)
+
+
+def test_a_plan_written_by_hand_builds_the_model_without_the_budget(monkeypatch):
+    """The plan is plain data: a Plan written out by hand (an E-SPA gamma schedule, TAT leaky
+    ReLU with eta = 0.5) builds the model with the kernel budget never called, and each block
+    applies at init the A_l = diag(D_l) softmax(B_l) of that schedule."""
+    from nanospa.signal import budget
+    from nanospa.signal.plan import Plan
+    L, T = 3, 8
+    plan = Plan(policy="by hand", kind="espa", n_layer=L, block_size=T,
+                schedule=(np.inf,) + tuple(signal.espa_gammas(L, 0.2)[1:]),
+                activation=dict(activation="leaky_relu", method="tat", depth=L, eta=0.5))
+
+    def no_budget(*a, **k):
+        raise AssertionError("the kernel budget ran")
+    monkeypatch.setattr(budget, "make_plan", no_budget)
+    monkeypatch.setattr(signal, "make_plan", no_budget)
+    model = GPT(GPTConfig(vocab_size=16, block_size=T, n_layer=L, n_head=2, n_embd=16, dtype="float64"),
+                plan=plan)
+    attention = model.trace(np.arange(T)[None]).attention
+    for l in range(1, L + 1):
+        A = signal.realise(*signal.dense_layer_bias(plan, l, T))
+        assert np.abs(attention[l - 1][0] - A).max() < 1e-12
+    assert model.activation.params["negative_slope"] > 0.1     # eta = 0.5 at depth 3: a real leaky ReLU
+    assert "by hand" in str(model.plan) and "eta=0.5" in str(model.plan)

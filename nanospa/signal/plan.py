@@ -39,8 +39,11 @@ def frozen(value):
 
 @dataclass(frozen=True)
 class Plan:
-    """The kernel budget's choices for one configuration; immutable once built (frozen
-    fields, read-only arrays and mappings).
+    """The numbers one configuration is initialised with: made by the kernel budget
+    (budget.make_plan) or written by hand, e.g. Plan(policy="by hand", kind="espa",
+    n_layer=L, block_size=T, schedule=(inf, gamma_1, ..., gamma_L),
+    activation=dict(activation="leaky_relu", method="tat", depth=L, eta=0.5)).
+    Immutable once built (frozen fields, read-only arrays and mappings).
 
     policy      the kernel_budget policy
     kind        "espa" / "uspa" for SPA attention, else None
