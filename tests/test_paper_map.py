@@ -211,7 +211,7 @@ def test_the_chains_from_train_to_B_l_and_phi_hat_are_readmes(tmp_path):
 # ---------------------------------------------------------------- an edit of the source is seen
 
 def out(kw=None):
-    model = GPT(GPTConfig(**BASE, **(kw or {})), seed=0)
+    model = GPT(GPTConfig(**{**BASE, **(kw or {})}), seed=0)
     return model(IDX)[0].data
 
 
@@ -304,3 +304,21 @@ def test_a_moved_file_in_a_docstring_is_caught(tmp_path):
     moved = "signal/" + "predict.py"                  # nanospa/predict.py's old place
     model.write_text(model.read_text(encoding="utf-8").replace('"""', f'"""See {moved}. ', 1), encoding="utf-8")
     assert stale_references(tmp_path) == [f"nanospa/model.py: {moved}"]
+
+
+def test_the_eta_target_is_one_constant_that_the_model_follows(monkeypatch):
+    """TAT's eta = 0.9 is written once (depth_targets.DEFAULT_TARGETS, dks's default) and the
+    budget reads it as budget.ETA: moving it moves the model, under both the default budget
+    and the independent one (once a second constant decided the model and this one nothing)."""
+    from nanospa.signal import depth_targets
+    assert budget.ETA == depth_targets.DEFAULT_TARGETS["eta"] == 0.9
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "nanospa" / "signal").rglob("*.py"))
+    assert len(re.findall(r"\b0\.9\b(?!\d)", re.sub(r"#.*|\"\"\"[\s\S]*?\"\"\"", "", source))) == 1
+    deep = dict(n_layer=16, block_size=8)                   # eta = 0.9 reachable: not clamped
+    for kw in (deep, dict(deep, kernel_budget="independent")):
+        before = out(kw)
+        monkeypatch.setattr(budget, "ETA", 0.8)
+        budget._JOINT_CACHE.clear()
+        assert np.abs(out(kw) - before).max() > 1e-6
+        monkeypatch.undo()
+        budget._JOINT_CACHE.clear()
