@@ -11,7 +11,6 @@
                            the one dispatch, which the model's variants (model.py) and the
                            kernel budget's walk both call; the extensions' maps (signal/beyond)
                            are imported only when a configuration names one
-    BlockMaps              the kernel budget's walk through one block (walks.py, beyond/policies.py)
 
 Not here: the input kernel (inputs.py), the walk through a whole model (nanospa/predict.py,
 above the model, whose variants it reads), the attention matrices themselves (attn_bias.py)
@@ -144,7 +143,7 @@ class MLPMap:
 def norm_kernel(cfg, Sigma, batch=None):
     """The kernel map at init of cfg's norm: none (the identity), LayerNorm and RMSNorm
     (normalise), or an extension's (signal/beyond/norm_maps.py: DyT, BatchNorm, PRepBN,
-    GroupNorm; batch as in BlockMaps)."""
+    GroupNorm; batch: None for kernels of one sequence, or B for a whole batch's)."""
     if cfg.norm == "none":
         return Sigma
     if cfg.norm in ("layernorm", "rmsnorm"):
@@ -168,44 +167,3 @@ def residual_kernel(a, b, Sigma_x, Sigma_h):
     """The kernel of a x + b h at init: a^2 Sigma_x + b^2 Sigma_h (the cross terms vanish:
     W^O and W_2 are random orthogonal matrices independent of x)."""
     return a * a * Sigma_x + b * b * Sigma_h
-
-
-class BlockMaps:
-    """The kernel budget's walk through one block at init (walks.py, beyond/policies.py):
-    sublayer(Sigma, f) -> (branch kernel, combined kernel), f(N(Sigma)) joined by the
-    residual (pre) or N(residual) (post); scale_attention and mlp give a branch's gain (DeepNorm).
-    The maps of a whole model's walk are nanospa/predict.py's, from the model's variants;
-    both call norm_kernel and residual_weights. batch: None for kernels of one sequence, or B
-    for kernels of a whole batch (BatchNorm's training-mode statistics)."""
-
-    def __init__(self, cfg, activation, batch=None):
-        self.cfg, self.batch = cfg, batch
-        self.mlp_map = MLPMap(activation)
-        self.a, self.b, self.gain2 = residual_weights(cfg)
-
-    def norm(self, Sigma):
-        return norm_kernel(self.cfg, Sigma, self.batch)
-
-    def branch_input(self, Sigma):
-        return self.norm(Sigma) if self.cfg.norm_position == "pre" else Sigma
-
-    def scale_attention(self, h):
-        """A branch's weights times beta (DeepNorm): its attention kernel times beta^4."""
-        return h if self.gain2 == 1.0 else self.gain2 ** 2 * h
-
-    def mlp(self, Sigma_in):
-        """The MLP branch's kernel: F(Sigma) (MLPMap); with gain beta, beta^2 F(beta^2 Sigma)."""
-        if self.gain2 == 1.0:
-            return self.mlp_map(Sigma_in)
-        return self.gain2 * self.mlp_map(self.gain2 * Sigma_in)
-
-    def combine(self, Sigma_x, Sigma_h):
-        out = residual_kernel(self.a, self.b, Sigma_x, Sigma_h)
-        return self.norm(out) if self.cfg.norm != "none" and self.cfg.norm_position == "post" else out
-
-    def sublayer(self, Sigma, f):
-        h = f(self.branch_input(Sigma))
-        return h, self.combine(Sigma, h)
-
-    def final(self, Sigma):
-        return self.norm(Sigma) if self.cfg.uses_final_norm else Sigma

@@ -8,7 +8,7 @@ for the model (nanospa/beyond/schemes.py, nanospa/beyond/ngpt.py) and for the wi
     ngpt_value(name)                      its initial (used) value s_init
 
 Not here: the modules that use them (nanospa/beyond/ngpt.py, nanospa/beyond/schemes.py) and the kernel
-maps (maps.py: BlockMaps for DeepNorm; ngpt_maps.py for nGPT). Plain Python floats.
+maps (walks.py: WalkMaps for DeepNorm; ngpt_maps.py for nGPT). Plain Python floats.
 
 Notation: N = n_layer (decoder-only DeepNet: N decoder layers, no encoder), d = n_embd.
 """
