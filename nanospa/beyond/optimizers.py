@@ -86,13 +86,13 @@ def make_optimizer(s, model, seed=0, rank=0, allreduce=None):
     every rank draws the same sampled targets for the whole batch and uses its share (the
     run does not depend on the number of ranks). ``rank`` is kept for callers; unused."""
     from ..optim import AdamW
-    from .kfac import KFAC
-    from .muon import Muon
     check_optimizer(s)
     betas = (s["beta1"], s["beta2"])
     if s["optimizer"] == "adamw":       # parameters marked no_decay are never decayed
         return AdamW(model.parameters(), lr=s["learning_rate"], betas=betas, weight_decay=s["weight_decay"],
                      lr_scales=mup_lr_scales(model, s.get("mup_base_width", 0)))
+    from .kfac import KFAC              # the optimisers beyond AdamW: imported when named
+    from .muon import Muon
     if s["optimizer"] == "muon":        # every rank alike: the gradients are averaged before the step
         return Muon(model, lr=s["learning_rate"], adam_betas=betas, weight_decay=s["weight_decay"],
                     **{k[len("muon_"):]: s.get(k, OPTIMIZER_DEFAULTS[k]) for k in MUON_KEYS})
