@@ -18,8 +18,9 @@
   where a per-file cap used to stand);
 - every one of those modules opens with a docstring.
 """
-import re
 import ast
+import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -74,11 +75,25 @@ def known(dotted):
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def parsed(name):
+    """The parsed source of one of our modules, read once per session (the tests only read it)."""
+    return ast.parse(FILES[name].read_text(encoding="utf-8"))
+
+
+@functools.lru_cache(maxsize=None)
+def _imports_on_disk(name, by_name):
+    return tuple(_imports(name, parsed(name), by_name))
+
+
 def imports(name, tree=None, by_name=False):
     """[(imported module, line)] of every import of one of our modules anywhere in `name`'s
-    source: module level, inside functions and classes, and importlib.import_module("...")
-    (by_name=True: only those)."""
-    tree = tree or ast.parse(FILES[name].read_text(encoding="utf-8"))
+    source (the file, or `tree` when given): module level, inside functions and classes, and
+    importlib.import_module("...") (by_name=True: only those)."""
+    return list(_imports_on_disk(name, by_name)) if tree is None else _imports(name, tree, by_name)
+
+
+def _imports(name, tree, by_name=False):
     out = []
     for node in ast.walk(tree):
         lookup = (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
@@ -350,8 +365,7 @@ print(' '.join(sorted(k for k in sys.modules if k.startswith('nanospa') and 'bey
 
 
 def test_every_module_opens_with_a_docstring():
-    missing = [str(p.relative_to(ROOT)) for p in FILES.values()
-               if ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) is None]
+    missing = [str(p.relative_to(ROOT)) for name, p in FILES.items() if ast.get_docstring(parsed(name)) is None]
     assert not missing, f"modules without a docstring: {missing}"
 
 
