@@ -14,7 +14,8 @@ from nanospa.signal import kernels
 from nanospa.beyond.ngpt import NGPTMaps
 from nanospa.predict import predict_kernels
 from nanospa.signal import make_plan
-from nanospa.signal.maps import BlockMaps, MLPMap, softmax_attention_map
+from nanospa.signal.maps import MLPMap, softmax_attention_map
+from nanospa.signal.walks import WalkMaps
 
 pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
 
@@ -59,7 +60,7 @@ def test_deepnorm_block_maps():
     beta^2 F(beta^2 Sigma) for the MLP (W_1, W_2)."""
     N = 3
     cfg = wide(32, n_layer=N, attention="softmax", zero_query=True, activation="gelu", **DEEPNORM)
-    maps = BlockMaps(cfg, GELU)
+    maps = WalkMaps(cfg, GELU)
     rng = np.random.default_rng(0)
     X = rng.standard_normal((5, 9))
     S = X @ X.T / 9
