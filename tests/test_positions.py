@@ -316,7 +316,7 @@ def test_prediction_notes_and_unchanged_plain_mean_field():
 
 # ---------------------------------------------------------------- at init: kernels of wide models
 
-@pytest.mark.slow    # a wide-network test, as tests/test_signal_predict.py's (pytest.ini)
+@pytest.mark.slow    # a wide-network test, as tests/test_predict.py's (pytest.ini)
 @pytest.mark.parametrize("extra", [
     dict(attention="softmax", zero_query=True, pos="alibi", residual="standard", norm="layernorm", activation="gelu"),
     dict(attention="softmax", zero_query=True, pos="spa_prior", residual="standard", norm="layernorm",
