@@ -9,8 +9,8 @@ computes that formula directly, which is faster, uses less memory and is more ac
 than back-propagating through the chain.
 
 Not here: single elementwise ops (functions.py) and reductions, products and indexing
-(shape_ops.py). Which bias attention adds (SPA's B_l, cached with the mask) is model.py's
-business; this file only adds what it is given.
+(shape_ops.py). Which bias attention adds (SPA's stored B_l) is model.py's business; this
+file only adds what it is given, and the causal mask (cached per length and dtype).
 """
 import math
 
@@ -35,7 +35,7 @@ def causal_mask(xp, T, dtype):
 class Softmax(Function):
     """y = softmax(scale * x + bias) along ``axis``; with ``causal=True`` (last two axes
     (T, T)) entries above the diagonal get probability 0. The bias is optional and
-    broadcasts (SPA's (T, T) matrix B_l, or B_l with the causal mask already added).
+    broadcasts (SPA's (T, T) matrix B_l; the mask is added here when causal).
     Backward: gz = y (g - sum(g y)), gx = scale gz, gbias = gz (summed by unbroadcast).
     The elementwise steps run in place on one (..., T, T) buffer: memory, not arithmetic,
     is what a softmax costs."""

@@ -10,7 +10,7 @@ residual, with the norm N before it ("pre") or after ("post") (method §2.2):
     residual="standard"    X' = X + f(N(X))  pre,  N(X + f(X))  post       (Pre-LN, Post-LN)
     residual="normalised"  X' = a X + b f(N(X)),  a^2 + b^2 = 1 (b = residual_beta)
 
-Attention (per head h; scale 1/sqrt(D); B_l, D_l fixed by nanospa.signal):
+Attention (per head h; scale 1/sqrt(hs); B_l, D_l from the plan through nanospa.signal):
 
     softmax          P_h = softmax(scale Q_h K_h^T + causal mask)
     value_skipinit   A_h = alpha I + beta P_h        (alpha = 1, beta = 0 trainable)
@@ -41,7 +41,7 @@ budget (signal.make_plan, docs/kernel_budget.md: read it second); GPT(cfg, plan=
 any. This file computes no signal-propagation maths: it stores what nanospa.signal computed,
 cast to the model's dtype and device. All random draws come from the model's seeded
 numpy.random.Generator, on the host, in a fixed order. Shapes: B batch, T time, C = n_embd,
-H heads, D = C / H head width, V vocabulary.
+H heads, hs = C / H head size, V vocabulary (D alone is SPA's D_l).
 """
 import importlib
 import math
@@ -86,7 +86,7 @@ def dense_attention(q, k, v, scale, bias, carry=None):
     function (i0, i1, j0, j1, dtype) -> a block of fixed logits made on demand; either None."""
     P = fused.softmax(q @ k.transpose(0, 1, 3, 2), dense_bias(bias, q.shape[-2], q.dtype), scale=scale,
                       causal=True)                                 # (B, H, T, T)
-    return P @ v, P                                                # (B, H, T, D)
+    return P @ v, P                                                # (B, H, T, hs)
 
 
 def dense_bias(bias, T, dtype):
@@ -139,19 +139,19 @@ class Attention(Module):
 
     def forward(self, x, record=None, carry=None):
         B, T, C = x.shape
-        H, D = self.n_head, C // self.n_head
-        q = self.q(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # (B, T, C) -> (B, H, T, D)
-        k = self.k(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)
-        v = self.v(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)
-        scale, bias = 1.0 / math.sqrt(D), self.logit_bias()
+        H, hs = self.n_head, C // self.n_head
+        q = self.q(x).reshape(B, T, H, hs).transpose(0, 2, 1, 3)  # (B, T, C) -> (B, H, T, hs)
+        k = self.k(x).reshape(B, T, H, hs).transpose(0, 2, 1, 3)
+        v = self.v(x).reshape(B, T, H, hs).transpose(0, 2, 1, 3)
+        scale, bias = 1.0 / math.sqrt(hs), self.logit_bias()
         for hook in self.hooks:                                  # extensions only
             q, k, scale, bias = hook.logits(q, k, scale, bias)
         by_blocks = getattr(self.evaluate, "by_blocks", False)   # no (T, T) P to record: trace densely
         y, P = (dense_attention if record is not None and by_blocks else self.evaluate)(q, k, v, scale, bias, carry)
-        y = self.output(y, v)                                    # (B, H, T, D)
+        y = self.output(y, v)                                    # (B, H, T, hs)
         if record is not None:
             record["attention"] = self.effective(P.data)
-        return self.proj(y.transpose(0, 2, 1, 3).reshape(B, T, C))   # (B, H, T, D) -> (B, T, C)
+        return self.proj(y.transpose(0, 2, 1, 3).reshape(B, T, C))   # (B, H, T, hs) -> (B, T, C)
 
     def logit_bias(self):
         return None, None
@@ -209,7 +209,7 @@ class SPA(Attention):
         super().__init__(cfg, plan, layer, rng, evaluate)
         T, dt = cfg.block_size, cfg.dtype
         self.B, self.parts = None, None
-        if cfg.train_bias:                                          # finite below the diagonal
+        if cfg.train_bias:                                          # never decayed (method §8)
             self.B = Parameter(np.tril(signal.bias_block(parts, 0, T, 0, T)), no_decay=True, dtype=dt)
         elif getattr(evaluate, "by_blocks", False):
             self.parts = {k: backend.asarray(v) if isinstance(v, np.ndarray) else v for k, v in parts.items()}
@@ -419,16 +419,16 @@ class GPT(Module):
         self.plan = signal.make_plan(cfg) if plan is None else plan   # schedule, activation (float64)
         act = ShapedActivation(signal.activation_transform(**self.plan.activation))   # phi_hat: DKS / TAT
         C, dt = cfg.n_embd, cfg.dtype
-        parts = variant("residual", cfg.residual)                     # nGPT brings its own parts
-        self.wte = parts.embedding(cfg, rng) if hasattr(parts, "embedding") else \
+        scheme = variant("residual", cfg.residual)                    # nGPT brings its own parts
+        self.wte = scheme.embedding(cfg, rng) if hasattr(scheme, "embedding") else \
             Embedding(cfg.vocab_size, C, std=math.sqrt(signal.token_variance(cfg.pos)), rng=rng, dtype=dt)
         self.position = variant("pos", cfg.pos)(cfg, self.plan)
         self.wpe = None
         self.position.build(self, rng)
-        make_block, evaluate = getattr(parts, "block", Block), evaluation(cfg)
+        make_block, evaluate = getattr(scheme, "block", Block), evaluation(cfg)
         self.blocks = [make_block(cfg, self.plan, l, act, rng, self.position.hooks(l), evaluate)
                        for l in range(1, cfg.n_layer + 1)]
-        self.head = parts.head(cfg, rng) if hasattr(parts, "head") else \
+        self.head = scheme.head(cfg, rng) if hasattr(scheme, "head") else \
             Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
         norm = variant("norm", cfg.norm)
         self.ln_f = norm.build(cfg) if norm and cfg.uses_final_norm else None

@@ -170,8 +170,8 @@ def clip_grad_norm(params, max_norm):
 
 
 def cosine_lr(it, max_lr, warmup_iters, decay_iters, min_lr):
-    """Linear warm-up from 0 to max_lr over warmup_iters, then cosine decay to min_lr at
-    decay_iters, then min_lr."""
+    """Linear warm-up to max_lr over warmup_iters (step it gets max_lr (it + 1) /
+    (warmup_iters + 1), as nanoGPT's), then cosine decay to min_lr at decay_iters, then min_lr."""
     if it < warmup_iters:
         return max_lr * (it + 1) / (warmup_iters + 1)
     if it >= decay_iters:
