@@ -13,10 +13,19 @@ ckpt.npz, the latest checkpoint, written atomically and only from a finite state
 how resuming works, and every exit status (0 done, 1 diverged, 2 bad input or environment,
 130 / 143 after SIGINT / SIGTERM, which save the state first).
 
+The loop shows each step as nanoGPT's does: the batch, forward and loss, backward, clip,
+the optimiser step, zero_grad, then log, evaluate, checkpoint. What makes it a step of a
+parallel run sits behind calls named for it (nanospa/run/step.py): the micro-batches of
+gradient accumulation and, under MPI, this rank's rows of each (step.micro_batches); the
+forward by slices of the batch on the worker threads, whose loss.backward() runs each
+slice's backward on its thread and adds the gradients in slice order (step.forward,
+threads.SlicedLoss); K-FAC's curvature pass (step.update_curvature); the mean gradient over
+the ranks (world.allreduce_grads); the step's one read from the device (step.read).
+
 Behind one call each (nanospa/run/): the settings and the out_dir (session.py: lock, log,
-checkpoints, signals, resume), one optimiser step (step.py: micro-batches, threads, MPI,
-clipping), the processes (distributed.py), the worker threads (threads.py) and the
-allocator's thresholds (malloc.py).
+checkpoints, resume, and what a signal does to the loop, all in one place: a signal ends
+the loop with the state saved, and train() returns 128 + N), the processes
+(distributed.py), the worker threads (threads.py) and the allocator's thresholds (malloc.py).
 """
 import os
 
@@ -28,7 +37,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import math
-import signal
 import sys
 import time
 from dataclasses import fields
@@ -38,19 +46,16 @@ from tqdm import tqdm
 
 from data import check_length, check_tokenizer, encode_prompt, get_batch, load_dataset, unigram_entropy
 from nanospa import backend
-from nanospa.beyond import blockwise
 from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, RATES, check_optimizer, make_optimizer, rates_for
 from nanospa.config import GPTConfig
 from nanospa.measure import layer_stats, measured_kernels, show
-from nanospa.model import GPT
-from nanospa.optim import cosine_lr
-from nanospa.run import distributed, malloc, threads
+from nanospa.model import GPT, evaluation
+from nanospa.optim import clip_grad_norm, cosine_lr
+from nanospa.run import distributed, malloc, step, threads
 from nanospa.run.fits import check_fits
-from nanospa.run.rundir import Abandoned
 from nanospa.run.session import Diverged, Session, settings_of
-from nanospa.run.settings import EXIT_SIGNAL_BASE, SettingsError, help_text, run_command, source_notes, wants_help
-from nanospa.run.step import train_step
-from nanospa.signal.table import predicted_kernels  # averaged over the probe's own sequences
+from nanospa.run.settings import SettingsError, help_text, run_command, source_notes, wants_help
+from nanospa.predict import predicted_kernels     # averaged over the probe's own sequences
 from nanospa.tensor import no_grad
 
 # ----------------------------------------------------------------------------- defaults
@@ -81,10 +86,10 @@ TRAIN_DEFAULTS = dict(
     n_layer=12,                # transformer blocks (L)
     n_head=4,                  # attention heads (H)
     n_embd=64,                 # width (C)
-    learning_rate=RATES["adamw"]["learning_rate"],  # peak learning rate: AdamW's 2e-3; with --optimizer=kfac K-FAC's own 3e-2 unless given
+    learning_rate=RATES["adamw"]["learning_rate"],  # peak learning rate: AdamW's 2e-3; K-FAC's own 3e-2, Muon's 2e-2 (--optimizer=kfac, muon) unless given
     warmup_iters=100,          # linear warm-up steps
     lr_decay_iters=0,          # cosine decay reaches min_lr here, then min_lr; 0 = max_iters of the run's start
-    min_lr=RATES["adamw"]["min_lr"],  # final learning rate: 2e-4 with AdamW, 3e-3 with --optimizer=kfac, unless given
+    min_lr=RATES["adamw"]["min_lr"],  # final learning rate: 2e-4 with AdamW, 3e-3 with --optimizer=kfac, 2e-3 with muon, unless given
     weight_decay=0.0,          # AdamW decoupled weight decay (never on no_decay parameters)
     beta1=0.9,                 # AdamW beta1 (K-FAC: its Adam fallback's)
     beta2=0.95,                # AdamW beta2 (K-FAC: its Adam fallback's)
@@ -193,7 +198,7 @@ def train(argv):
         probe = eval_sets["val"][0][0][:PROBE_ROWS, :SIGNAL_POSITIONS]
 
         # -- model and init summary
-        blocks = blockwise.implementation(cfg) == "blockwise"   # its attention shares blocks among threads
+        blocks = getattr(evaluation(cfg), "by_blocks", False)   # its attention shares blocks among threads
         threads.set_threads(threads.cpu_threads(s["threads"], B // world.size, blocks) if s["device"] == "cpu" else 1)
         malloc.keep_freed_memory()                    # no page faults from each step's fresh arrays
         model = GPT(cfg, seed=s["seed"])              # ValueError: e.g. an unreachable activation target
@@ -206,10 +211,12 @@ def train(argv):
               + (f" ({threads.threads()} threads)" if s["device"] == "cpu" else ""))
         print("plan: " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                   for k, v in model.plan.info.items()) + f"; activation {model.activation!r}")
+        for note in model.plan.notes:                 # a target the plan could not meet, e.g. a ReLU for a leaky ReLU
+            print(f"plan note: {note}")
 
         # -- optimiser; the checkpoint's state on resume (weights, optimiser, batch generator)
-        optimizer = make_optimizer(s, model, seed=s["seed"], rank=world.rank,     # AdamW or K-FAC
-                                   allreduce=world.allreduce_grads if world.size > 1 else None)
+        optimizer = make_optimizer(s, model, seed=s["seed"], rank=world.rank,
+                                   allreduce=world.allreduce_grads if world.size > 1 else None)  # AdamW, K-FAC or Muon
         start, run.best_val, evaluate_now = run.begin(model, optimizer, rng, ds)
         print(f"optimizer: {s['optimizer']}, learning rate {s['learning_rate']:g} -> {s['min_lr']:g}, batch "
               f"{B * A} sequences" + (f" in {A} micro-batches of {B}" if A > 1 else ""))
@@ -221,36 +228,29 @@ def train(argv):
         # -- estimate_loss on the fixed batches, plus the per-layer signal statistics (method §13)
         def mean_loss(batches):                       # by micro-batches of B: the memory of a step
             losses = []
-            try:                                      # None when a signal comes first: the loop saves
-                with no_grad(), run.abandoning():     # and stops (one process: at once; under MPI:
-                    for x, y in batches:              # after the micro-batch)
-                        for i in range(0, B * A, B):
-                            if run.stop_signal():
-                                return None
-                            losses.append(model(world.shard(x[i:i + B]), world.shard(y[i:i + B]))[1].data)
-            except Abandoned:
-                return None
+            with no_grad(), run.abandoning():         # a signal ends it (one process: at once;
+                for x, y in batches:                  # under MPI: at the next micro-batch)
+                    for xs, ys, _ in step.micro_batches(x, y, A, world):
+                        run.stop_point()
+                        losses.append(model(xs, ys)[1].data)
             xp = backend.xp_of(*losses)               # one device read for all of them:
             return world.mean(np.mean(backend.to_numpy(xp.stack(losses).astype(np.float64))))
 
-        def estimate_loss():                          # None when a signal came first
+        def estimate_loss():
             with model.evaluating():                  # BatchNorm: running statistics
                 loss = {split: mean_loss(batches) for split, batches in eval_sets.items()}
-                if None in loss.values():
-                    return None
                 with no_grad():
                     kernels = measured_kernels(model, probe)["hidden"]  # L+1 batch-mean kernels
             return dict(ds.per_byte(val_loss=loss["val"], eval_train_loss=loss["train"]), **layer_stats(kernels),
                         signal_positions=probe.shape[1])
 
-        ev = estimate_loss() if evaluate_now else None   # at init, the checkpoint's (eval_only), or one cut short
-        if ev is not None:
+        if evaluate_now:                              # at init, the checkpoint's (eval_only), or one cut short
+            ev = estimate_loss()
             label, window = "init" if start == 0 else f"iter {start}", probe.shape[1]
             print(f"{label}: {ds.loss_text(ev)}\n{label}: measured  {show(ev)}"
                   + (f" (first {window} positions)" if window < T else ""))
-            if run.pending and not s["eval_only"]:     # the evaluation a signal cut short, completed
-                run.best_val = min(run.best_val, ev["val_loss"])
-                run.log(dict(run.pending, **ev))
+            if run.pending:                           # the evaluation a signal cut short, completed
+                run.complete_pending(ev)
             elif start == 0:
                 predicted = layer_stats(predicted_kernels(cfg, model.plan, backend.to_numpy(probe)))
                 print(f"{label}: predicted {show(predicted)} (wide limit, same tokens)")
@@ -262,36 +262,39 @@ def train(argv):
             return 0
         print(f"log: {run.files.log_path}  checkpoint: {run.files.ckpt} (iter {start})")
 
-        # -- the loop: the batch, one optimiser step; log, evaluate, checkpoint
-        tokens, t0, n, record = 0, time.perf_counter(), start, {}
-        stop = run.stop_signal()                      # SIGINT / SIGTERM on any rank: save, then stop
-        with tqdm(range(start, s["max_iters"] if stop is None else start), initial=start, total=s["max_iters"],
-                  dynamic_ncols=True, disable=not world.is_main) as bar:
+        # -- the loop: the batch; forward, backward, clip, step, zero_grad; log, evaluate, checkpoint.
+        # SIGINT / SIGTERM end it where they come, with the state saved: the Session decides what
+        # (run/session.py); the run then returns 128 + N, below.
+        params, tokens, t0, n, record = model.parameters(), 0, time.perf_counter(), start, {}
+        with tqdm(run.steps(), initial=start, total=s["max_iters"], dynamic_ncols=True,
+                  disable=not world.is_main) as bar:
             for it in bar:
                 lr = optimizer.lr = get_lr(it)
-                drawn = rng.bit_generator.state       # a step a signal abandons is drawn again on resume
                 x, y = get_batch(ds.train, B * A, T, rng)  # (B A, T) int64 each: A micro-batches of B
-                try:
-                    loss, norm = train_step(model, optimizer, x, y, s["grad_clip"], accum=A, world=world,
-                                            gradients=run.abandoning())   # a signal there: abandoned
-                except Abandoned:                     # only .grad had changed: save the state before it
-                    rng.bit_generator.state = drawn
-                    optimizer.zero_grad()
-                    run.save(n, None)
-                    break
+                losses = []                           # the micro-batches' shares of the batch's mean loss
+                with run.abandoning():                # a signal in here drops the step: only .grad changed
+                    for xs, ys, weight in step.micro_batches(x, y, A, world):  # weight 1/A; MPI: this rank's rows
+                        loss = step.forward(model, xs, ys) * weight   # forward: a slice per worker thread
+                        loss.backward()               # backward: each slice's on its thread, into .grad in order
+                        losses.append(loss.data)
+                step.update_curvature(optimizer, x, y, A, world)   # K-FAC's curvature pass; AdamW: none
+                world.allreduce_grads(params)         # MPI: the mean gradient over the ranks
+                norm = clip_grad_norm(params, s["grad_clip"])
+                loss, norm = step.read(losses, norm, world)   # the step's one device read: two floats
                 run.watch(it + 1, loss, norm)         # Diverged: non-finite, or exploded
+                optimizer.step()
+                optimizer.zero_grad()
+                model.after_step()                    # schemes with per-step state (nGPT, PRepBN)
+
                 n, tokens = it + 1, tokens + B * A * T
                 tokens_per_s = tokens / (time.perf_counter() - t0)
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:.0f}", refresh=False)
                 evaluating = n % s["eval_interval"] == 0 or n == s["max_iters"]
                 if evaluating or n % s["log_interval"] == 0:
                     record = dict(iter=n, **ds.per_byte(train_loss=loss), lr=lr, tokens_per_s=tokens_per_s)
-                    ev = estimate_loss() if evaluating else None
-                    if evaluating and ev is None:     # a signal came: the resumed run completes it
-                        run.save(n, loss, pending=record)
-                        break
-                    if ev is not None:
-                        record.update(ev)
+                    if evaluating:
+                        with run.evaluation_of(record):   # a signal in here: saved with this record pending
+                            record.update(estimate_loss())
                         if not math.isfinite(record["val_loss"]):
                             raise Diverged(f"non-finite validation loss at iter {n}; stopped. Last good "
                                            f"checkpoint: {run.last_good()}")
@@ -299,18 +302,8 @@ def train(argv):
                         tqdm.write(f"iter {n}: {ds.loss_text(record)} | {show(record)}")
                     run.log(record)
                     tokens, t0 = 0, time.perf_counter()   # evaluation time is not training time
-                stop = run.stop_signal()
-                if n % s["checkpoint_interval"] == 0 or n == s["max_iters"] or stop:
+                if n % s["checkpoint_interval"] == 0 or n == s["max_iters"]:
                     run.save(n, loss, mean_loss([(x, y)]))   # the state after the update, if good
-                    stop = stop or run.stop_signal()  # (or one that came during the save)
-                if stop:
-                    break
-        stop = run.signum                             # also one that came during the last save
-        if stop:
-            if world.is_main:
-                print(f"{signal.Signals(stop).name}: stopped at iter {n}, checkpoint saved to {run.files.ckpt}; "
-                      f"continue with {run.resume_command}", file=sys.stderr)
-            return EXIT_SIGNAL_BASE + stop
         print(f"done: iter {n}" + (f", {ds.loss_text(record)} (best {run.best_val:.4f})"
                                    if n > start and "val_loss" in record else "")
               + f"; checkpoint {run.last_good()}, log {run.files.log_path}")
@@ -322,6 +315,7 @@ def train(argv):
                                  top_k=s["top_k"] or None, rng=np.random.default_rng(s["seed"]))
             print("sample:\n" + ds.decode(out[0]))
         return 0
+    return run.exit_status                            # only after SIGINT / SIGTERM: the Session saved the state
 
 
 def main(argv=None):

@@ -3,27 +3,28 @@
 Every variant the paper compares is a value of a field: attention (softmax, Value-SkipInit,
 U-SPA, E-SPA), residual and norm arrangement, positions, the shaped activation and the
 kernel budget that shares the kernel between attention and MLPs (docs/kernel_budget.md).
-A bad field raises ValueError naming the field and the allowed values. Not here: building
-the model (model.py) and the signal-propagation numbers it is initialised with
+The allowed values of attention, residual, norm and pos are model.py's registries; a value
+they do not hold is an extension of nanospa/beyond/, which checks it (and the fields of the
+last block below) only when one is set: a configuration of the paper's variants never loads
+beyond/. A bad field raises ValueError naming the field and the allowed values. Not here:
+building the model (model.py) and the signal-propagation numbers it is initialised with
 (nanospa/signal, read by duck typing from these fields).
 """
+import importlib
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from .beyond import norms, schemes
-from .signal import BUDGETS, POSITIONS, shaped_activation_names, split_activation
+from .model import REGISTRIES
+from .signal import BUDGETS, shaped_activation_names, split_activation
 from .signal.activations import ACTIVATIONS
 from .signal.kernels import DEFAULT_RHO_FINAL
 
-ATTENTIONS = ("softmax", "value_skipinit", "uspa", "espa")
 BASE_ACTIVATIONS = tuple(ACTIVATIONS)   # the one registry of phi (signal/activations.py)
-RESIDUALS = ("none", "standard", "normalised", "deepnorm", "ngpt")   # the last two: docs/residuals.md
-NORMS = ("none", "layernorm", "rmsnorm", "dyt", "batchnorm", "prepbn", "groupnorm")
 NORM_POSITIONS = ("pre", "post")
 DTYPES = ("float32", "float64")
 MIN_SPA_BLOCK = 2     # U-SPA / E-SPA: a kernel over one position has no correlation to schedule
-ATTENTION_IMPLS = ("auto", "dense", "blockwise")
+SPA = ("uspa", "espa")
 
 
 @dataclass
@@ -34,18 +35,14 @@ class GPTConfig:
     n_head: int = 4
     n_embd: int = 128
     mlp_ratio: int = 4             # MLP hidden width = mlp_ratio * n_embd
-    attention: str = "auto"        # softmax | value_skipinit | uspa | espa; auto: espa (softmax with residual=ngpt)
+    attention: str = "auto"        # softmax | value_skipinit | uspa | espa; auto: espa (an extension may choose)
     activation: str = "tat_lrelu"  # plain: relu, gelu, ...; shaped: dks_gelu, tat_lrelu, tat_gelu, ...
-    residual: str = "none"         # none | standard | normalised | deepnorm | ngpt (docs/residuals.md)
+    residual: str = "none"         # none | standard | normalised (extensions: docs/residuals.md)
     residual_beta: float = 0.1     # branch weight b of a normalised residual (a = sqrt(1 - b^2))
-    norm: str = "none"             # none | layernorm | rmsnorm | dyt | batchnorm | prepbn | groupnorm (docs/norms.md)
-    norm_causal: bool = False      # batchnorm, prepbn: statistics over positions <= t only (no future leakage)
-    norm_groups: int = 4           # groupnorm: groups of n_embd / norm_groups channels; 1 = LayerNorm
-    prepbn_steps: int = 400        # prepbn: optimiser steps over which LN's share falls from 1 to 0
-    prepbn_eta: float = 1.0        # prepbn: RepBN's eta at init (SLAB's 1; 0: RepBN starts as plain BN)
-    norm_position: str = "auto"    # pre | post; auto: pre (post with residual=deepnorm, Post-LN by definition)
+    norm: str = "none"             # none | layernorm | rmsnorm (extensions: docs/norms.md)
+    norm_position: str = "auto"    # pre | post; auto: pre (an extension may choose)
     final_norm: str = "auto"       # auto (a final norm when norm != none and residual != none) | yes | no
-    pos: str = "none"              # none | learned | sinusoidal (embedding) | alibi | rope | spa_prior (attention; docs/positions.md)
+    pos: str = "none"              # none | learned | sinusoidal, added to the embedding (extensions: docs/positions.md)
     dtype: str = "float32"         # float32 | float64 (parameters and activations)
     kernel_budget: str = "joint"   # how attention and MLPs share the kernel (docs/kernel_budget.md)
     gamma_final: float = 0.0       # E-SPA final gamma_L; 0 = chosen by kernel_budget
@@ -59,17 +56,24 @@ class GPTConfig:
     zero_query: bool = False       # softmax attention: W^Q = 0 at init (uniform attention)
     skipinit_per_head: bool = False  # Value-SkipInit: alpha, beta per head instead of per layer
     bias: bool = False             # bias vectors in linear layers
-    attention_impl: str = "auto"   # auto (dense at short T, else blockwise: nanospa/beyond/blockwise.py) | dense | blockwise
+    # -- beyond the paper: read by nanospa/beyond/ (checked there when one is set)
+    norm_causal: bool = False      # batchnorm, prepbn: statistics over positions <= t only (no future leakage)
+    norm_groups: int = 4           # groupnorm: groups of n_embd / norm_groups channels; 1 = LayerNorm
+    prepbn_steps: int = 400        # prepbn: optimiser steps over which LN's share falls from 1 to 0
+    prepbn_eta: float = 1.0        # prepbn: RepBN's eta at init (SLAB's 1; 0: RepBN starts as plain BN)
+    attention_impl: str = "auto"   # auto (dense up to T = 256, else by blocks: nanospa/beyond/blockwise.py) | dense | blockwise
     attention_block: int = 0       # blockwise attention's query/key block size; 0 = chosen by T
     residual_attention: bool = False  # RealFormer: pre-softmax scores carried to the next layer (dense only)
 
     def __post_init__(self):
-        # A field left at "auto" takes the one value its scheme allows, else the paper's default:
-        # an explicit value that contradicts the scheme is refused by the checks below.
+        beyond = None if self.paper_only() else importlib.import_module("nanospa.beyond")
+        if beyond:
+            beyond.resolve_auto(self)                   # an extension's own "auto" values first
         if self.attention == "auto":
-            self.attention = "softmax" if self.residual == "ngpt" else "espa"
+            self.attention = "espa"
         if self.norm_position == "auto":
-            self.norm_position = "post" if self.residual == "deepnorm" else "pre"
+            self.norm_position = "pre"
+
         def choice(name, allowed):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} is not one of {list(allowed)}")
@@ -83,33 +87,19 @@ class GPTConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
-        if (self.attention in ("uspa", "espa") or self.pos == "spa_prior") and self.block_size < MIN_SPA_BLOCK:
-            what = f"attention={self.attention!r}" if self.attention in ("uspa", "espa") else "pos='spa_prior'"
-            raise ValueError(f"GPTConfig.block_size={self.block_size} is too small for {what}: "
+        if self.attention in SPA and self.block_size < MIN_SPA_BLOCK:
+            raise ValueError(f"GPTConfig.block_size={self.block_size} is too small for attention={self.attention!r}: "
                              f"SPA shapes the correlations between positions, so it needs block_size >= "
                              f"{MIN_SPA_BLOCK}")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig.n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        choice("attention", ATTENTIONS)
-        choice("residual", RESIDUALS)
-        choice("norm", NORMS)
+        for name in REGISTRIES:
+            if beyond is None:
+                choice(name, REGISTRIES[name])
         choice("norm_position", NORM_POSITIONS)
         choice("final_norm", ("auto", "yes", "no"))
-        choice("pos", POSITIONS)
-        if self.pos == "rope" and self.n_embd // self.n_head % 2:
-            raise ValueError(f"GPTConfig.pos='rope' rotates pairs of coordinates: the head width n_embd / n_head = "
-                             f"{self.n_embd // self.n_head} must be even")
-        if self.pos == "spa_prior" and self.attention in ("uspa", "espa"):
-            raise ValueError(f"GPTConfig.pos='spa_prior' gives attention without SPA E-SPA's bias B_l; "
-                             f"attention={self.attention!r} has its own: use pos='none' there, or attention in "
-                             f"['softmax', 'value_skipinit']")
         choice("dtype", DTYPES)
         choice("kernel_budget", BUDGETS)
-        choice("attention_impl", ATTENTION_IMPLS)
-        if (not isinstance(self.attention_block, (int, np.integer)) or isinstance(self.attention_block, bool)
-                or self.attention_block < 0):
-            raise ValueError(f"GPTConfig.attention_block must be an integer >= 0 (0 = chosen by T), "
-                             f"got {self.attention_block!r}")
         base, method = split_activation(self.activation)
         if base not in BASE_ACTIVATIONS:
             allowed = list(BASE_ACTIVATIONS) + sorted(shaped_activation_names)
@@ -131,8 +121,15 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.tau must be > 0, got {self.tau}")
         if self.shaping_depth < 0:
             raise ValueError(f"GPTConfig.shaping_depth must be >= 0, got {self.shaping_depth}")
-        norms.check_config(self)            # norm_groups, prepbn_*, norm_causal (docs/norms.md)
-        schemes.check_config(self)          # deepnorm, ngpt, residual_attention (docs/residuals.md)
+        if beyond:
+            beyond.configure(self)                      # the extensions' values and fields
+
+    def paper_only(self):
+        """True when every field names one of the paper's variants and the fields of the
+        last block keep their defaults: nothing of nanospa/beyond/ is needed."""
+        named = all(getattr(self, f) in REGISTRIES[f] or getattr(self, f) == "auto" and f == "attention"
+                    for f in REGISTRIES)
+        return named and all(getattr(self, f.name) == f.default for f in fields(self) if f.name in BEYOND_FIELDS)
 
     @property
     def head_size(self):
@@ -151,3 +148,13 @@ class GPTConfig:
     def from_dict(cls, d):
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def values(field):
+    """Every value GPTConfig.<field> (attention, residual, norm or pos) takes: the paper's (model.py's
+    registries), then the extensions' (nanospa/beyond, imported here)."""
+    return tuple(REGISTRIES[field]) + tuple(importlib.import_module("nanospa.beyond").EXTENSIONS[field])
+
+
+BEYOND_FIELDS = ("norm_causal", "norm_groups", "prepbn_steps", "prepbn_eta", "attention_impl", "attention_block",
+                 "residual_attention")

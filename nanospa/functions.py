@@ -2,9 +2,10 @@
 
 Here: arithmetic (Add, Sub, Mul, Div, Neg, Pow), Exp, Log, Sqrt, the activations
 (Activation: any phi of signal.activations.ACTIVATIONS, the one definition the DKS/TAT maths
-use too), the shaped activation of DKS/TAT in one op (Shaped), and selection (Where; the
-functional spellings where and masked_fill). Each output entry depends only on the same entry of each (broadcast)
-input, so each backward is a product with a local derivative.
+use too), the shaped activation of DKS/TAT in one op (Shaped: signal.activations.PhiHat, one
+definition too), and selection (Where; its functional spelling where). Each
+output entry depends only on the same entry of each (broadcast) input, so each backward is a
+product with a local derivative.
 
 Not here: ops that change shape (reductions, matmul, reshape, indexing, embedding:
 shape_ops.py) and the fused multi-step ops with closed-form backwards (softmax,
@@ -117,8 +118,9 @@ class Sqrt(Function):
 
 
 # Every activation phi is defined once, in nanospa/signal/activations.py (ACTIVATIONS: phi,
-# phi', phi'' as functions of any array module), and the DKS/TAT maths read the same entry:
-# the op below evaluates it, so the model runs the phi_hat that signal/ solved for.
+# phi', phi'' as functions of any array module), and so is phi_hat (PhiHat); the DKS/TAT maths
+# read the same definitions: the ops below evaluate them, so the model runs the phi_hat that
+# signal/ solved for.
 
 class Activation(Function):
     """y = phi(x) for ``name`` in signal.activations.ACTIVATIONS (relu, leaky_relu, gelu,
@@ -147,45 +149,34 @@ def scale_where(x, cond, k_true, k_false):
 
 
 class Shaped(Function):
-    """A shaped (DKS/TAT) activation in one op: y = s (phi(a x + b) + o), phi an entry of
-    signal.activations.ACTIVATIONS (docs/activations.md §1; the float64 twin is
-    signal.act_transform.ActivationTransform). Backward: s a phi'(a x + b) g. ``slope`` is
-    the negative slope of base="leaky_relu", required there and refused elsewhere."""
+    """y = phi_hat(x) for a signal.activations.PhiHat ``phi_hat``, the one definition of the
+    shaped (DKS/TAT) activation s (phi(a x + b) + o) that the float64 maths evaluate too
+    (docs/activations.md §1). Forward: u = phi_hat.pre(x) is saved, y = phi_hat.post(u).
+    Backward: phi_hat.grad(u, g) = s a phi'(u) g."""
 
-    def forward(ctx, x, base, a=1.0, b=0.0, s=1.0, o=0.0, slope=None):
-        if (slope is None) == (base == "leaky_relu"):
-            raise ValueError(f"Shaped: slope={slope!r} with base {base!r} (a slope is needed "
-                             "for 'leaky_relu' and only there)")
-        ctx.a, ctx.s = a, s
-        if base in ("relu", "leaky_relu") and b == 0.0 and a > 0.0:
-            # Fast path (TAT's leaky ReLU): phi is positively homogeneous, phi(a x) = a phi(x)
-            # for a > 0, so y = s (phi(a x) + o) = x * (s a if x > 0 else s a slope) + s o, and
-            # the backward is the same factor times g: one select and one product each way.
-            k = s * a
-            ctx.factors = (k, k * (slope or 0.0))
+    def forward(ctx, x, phi_hat):
+        ctx.h = phi_hat
+        if phi_hat.homogeneous:
+            # Fast path (TAT's leaky ReLU): phi is positively homogeneous, so phi_hat(x) is
+            # x * (s a if x > 0 else s a alpha) + s o (PhiHat.pieces), and the backward is the
+            # same factor times g: one select and one product each way.
+            k_pos, k_neg, offset = phi_hat.pieces
+            ctx.factors = (k_pos, k_neg)
             pos = x > 0
             ctx.save(pos)
-            y = scale_where(x, pos, *ctx.factors)
-            if o != 0.0:
-                y += s * o
+            y = scale_where(x, pos, k_pos, k_neg)
+            if phi_hat.o != 0.0:
+                y += offset
             return y
         ctx.factors = None
-        ctx.act, ctx.kw = ACTIVATIONS[base], ({} if slope is None else {"negative_slope": slope})
-        u = x * a if a != 1.0 else x
-        if b != 0.0:
-            u = u + b
+        u = phi_hat.pre(x)
         ctx.save(u)
-        y = ctx.act.fn(u, xp=ctx.xp, **ctx.kw)
-        if o != 0.0:
-            y = y + o
-        return y * s if s != 1.0 else y
+        return phi_hat.post(u, ctx.xp)
 
     def backward(ctx, g):
         if ctx.factors is not None:
             return scale_where(g, ctx.saved[0], *ctx.factors)
-        k = ctx.s * ctx.a
-        d = ctx.act.d1(ctx.saved[0], ctx.xp, **ctx.kw)
-        return g * d * k if k != 1.0 else g * d
+        return ctx.h.grad(ctx.saved[0], g, ctx.xp)
 
 
 # ---------------------------------------------------------------- selection
@@ -208,11 +199,6 @@ def where(cond, a, b):
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
         raise TypeError("where: a or b must be a Tensor")
     return Where.apply(a, b, cond=_condition(cond, a if isinstance(a, Tensor) else b))
-
-
-def masked_fill(x, mask, value):
-    """x with entries where ``mask`` is True replaced by the constant ``value``."""
-    return Where.apply(float(value), x, cond=_condition(mask, x))
 
 
 def _condition(cond, like):

@@ -1,16 +1,16 @@
 """The fused primitives: several steps over a row in one op, with a closed-form backward.
 
-Here: Softmax (with scale, additive bias and causal mask), LogSoftmax, CrossEntropy,
-LayerNorm and RMSNorm, the causal mask they use, and their functional spellings
-(softmax, log_softmax, cross_entropy, layer_norm, rms_norm). Each could be written as a
+Here: Softmax (with scale, additive bias and causal mask), CrossEntropy, LayerNorm and
+RMSNorm, the causal mask they use, and their functional spellings (softmax,
+cross_entropy, layer_norm, rms_norm). Each could be written as a
 chain of the primitives in functions.py and shape_ops.py; as one op, forward subtracts
 the row maximum (no overflow), saves only what its backward formula needs, and backward
 computes that formula directly, which is faster, uses less memory and is more accurate
 than back-propagating through the chain.
 
 Not here: single elementwise ops (functions.py) and reductions, products and indexing
-(shape_ops.py). Which bias attention adds (SPA's B_l, cached with the mask) is model.py's
-business; this file only adds what it is given.
+(shape_ops.py). Which bias attention adds (SPA's stored B_l) is model.py's business; this
+file only adds what it is given, and the causal mask (cached per length and dtype).
 """
 import math
 
@@ -35,7 +35,7 @@ def causal_mask(xp, T, dtype):
 class Softmax(Function):
     """y = softmax(scale * x + bias) along ``axis``; with ``causal=True`` (last two axes
     (T, T)) entries above the diagonal get probability 0. The bias is optional and
-    broadcasts (SPA's (T, T) matrix B_l, or B_l with the causal mask already added).
+    broadcasts (SPA's (T, T) matrix B_l; the mask is added here when causal).
     Backward: gz = y (g - sum(g y)), gx = scale gz, gbias = gz (summed by unbroadcast).
     The elementwise steps run in place on one (..., T, T) buffer: memory, not arithmetic,
     is what a softmax costs."""
@@ -76,55 +76,28 @@ class Softmax(Function):
         return gz
 
 
-class LogSoftmax(Function):
-    """y = x - log(sum(exp(x))) along ``axis``. Backward: g - softmax(x) sum(g)."""
-
-    def forward(ctx, x, axis=-1):
-        xp = ctx.xp
-        m = x.max(axis=axis, keepdims=True)
-        out = x - m
-        out -= xp.log(xp.exp(out).sum(axis=axis, keepdims=True))
-        ctx.save(out)
-        ctx.axis = axis
-        return out
-
-    def backward(ctx, g):
-        (out,) = ctx.saved
-        return g - ctx.xp.exp(out) * g.sum(axis=ctx.axis, keepdims=True)
-
-
 class CrossEntropy(Function):
-    """Mean over tokens of -log softmax(logits)[target]; targets equal to ``ignore_index``
-    are left out of the mean. logits (N, V), targets (N,) integers.
-    Backward: (softmax(logits) - onehot(target)) / n_valid on the kept rows."""
+    """Mean over tokens of -log softmax(logits)[target]. logits (N, V), targets (N,) integers.
+    Backward: (softmax(logits) - onehot(target)) / N."""
 
-    def forward(ctx, logits, targets, ignore_index=None):
+    def forward(ctx, logits, targets):
         xp = ctx.xp
         N = logits.shape[0]
         if targets.shape != (N,):
             raise ValueError(f"targets of shape {tuple(targets.shape)} do not match logits of shape "
                              f"{tuple(logits.shape)}")
-        valid = None if ignore_index is None else targets != ignore_index
-        safe = targets if valid is None else xp.where(valid, targets, 0)  # any valid class index
         z = logits - logits.max(axis=1, keepdims=True)
         lse = xp.log(xp.exp(z).sum(axis=1))
-        nll = lse - z[xp.arange(N), safe]
-        n = N if valid is None else int(valid.sum())
-        if valid is not None:
-            nll = nll * valid
-        ctx.save(z, lse, safe, valid)
-        ctx.n = max(n, 1)  # all rows ignored: loss 0, not 0/0
-        return (nll.sum() / ctx.n).astype(logits.dtype)
+        nll = lse - z[xp.arange(N), targets]
+        ctx.save(z, lse, targets)
+        return (nll.sum() / N).astype(logits.dtype)
 
     def backward(ctx, g):
-        z, lse, safe, valid = ctx.saved
-        xp = ctx.xp
+        z, lse, targets = ctx.saved
         p = z - lse[:, None]
-        xp.exp(p, out=p)  # softmax, reusing z's shape without a second (N, V) buffer
-        p[xp.arange(p.shape[0]), safe] -= 1.0
-        if valid is not None:
-            p *= valid[:, None]
-        p *= g * (1.0 / ctx.n)
+        ctx.xp.exp(p, out=p)  # softmax, reusing z's shape without a second (N, V) buffer
+        p[ctx.xp.arange(p.shape[0]), targets] -= 1.0
+        p *= g * (1.0 / p.shape[0])
         return p
 
 
@@ -177,17 +150,13 @@ def softmax(x, bias=None, axis=-1, scale=1.0, causal=False):
     return Softmax.apply(*args, axis=axis, scale=float(scale), causal=causal)
 
 
-def log_softmax(x, axis=-1):
-    return LogSoftmax.apply(x, axis=axis)
-
-
-def cross_entropy(logits, targets, ignore_index=None):
+def cross_entropy(logits, targets):
     """Mean cross-entropy; logits (..., V) and integer targets (...) are flattened."""
     t = targets.data if isinstance(targets, Tensor) else targets
     xp = backend.xp_of(logits.data)
     t = xp.asarray(t).reshape(-1)
     V = logits.shape[-1]
-    return CrossEntropy.apply(logits.reshape(-1, V), ignore_index=ignore_index, targets=t)
+    return CrossEntropy.apply(logits.reshape(-1, V), targets=t)
 
 
 def layer_norm(x, w, b, eps=LAYER_NORM_EPS):

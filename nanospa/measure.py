@@ -4,7 +4,6 @@ wide limit, measured at finite width (docs/method.md §13).
     token_batch(cfg, batch, tokens, data, seed)   (batch, T) ids: distinct tokens or text
     measure_config(cfg, width)                     the same model at width `width`, float64
     measured_kernels(model, idx)                   batch-mean kernels of every block output
-    measured_batch_kernels(model, idx)             kernels over all B T tokens (BatchNorm's maps)
     layer_stats(kernels), show(stats)              their per-layer cosine and q, as train.py logs them
 
 Here, above nanospa/signal/, because it builds a GPT and reads data; signal/ itself never
@@ -56,17 +55,6 @@ def measured_kernels(model, idx):
     tr = model.trace(idx)
     return dict(hidden=[kernel_matrix(h, mean=True) for h in tr.hidden],
                 attn_branch=[kernel_matrix(h, mean=True) for h in tr.attn_out])
-
-
-def measured_batch_kernels(model, idx):
-    """Kernels of all B T tokens of idx at once, (B T, B T) in sequence-major order: as
-    measured_kernels, without averaging over sequences, so that the entries between
-    sequences are kept (predict_kernels(batch=B), signal/norm_maps.py). The model's mode
-    decides BatchNorm's statistics."""
-    tr = model.trace(idx)
-    flat = lambda h: h.reshape(1, -1, h.shape[-1])                   # (B, T, d) -> (1, B T, d)
-    return dict(hidden=[kernel_matrix(flat(h), mean=True) for h in tr.hidden],
-                attn_branch=[kernel_matrix(flat(h), mean=True) for h in tr.attn_out])
 
 
 def measured_model_kernels(cfg, idx, seed=0):

@@ -1,22 +1,27 @@
 """The GPT-style decoder in every variant the paper compares, and its initialisation
 (docs/method.md §2, §2.4, §4, §8).
 
-    GPT     embedding (+ optional positions) -> L blocks -> optional final norm -> head
+    GPT(cfg, seed=0, plan=None)   embedding (+ positions) -> L blocks -> optional final norm -> head
 
-A block is an attention sublayer then an MLP sublayer, combined as ``residual`` and
-``norm`` say:
+A block is an attention sublayer then an MLP sublayer, each joined to its input by the
+residual, with the norm N before it ("pre") or after ("post") (method §2.2):
 
-    residual="none",   norm="none"   X' = MHA(X);                 X_out = MLP(X')   (vanilla)
-    residual="none",   norm=N, pre   X' = MHA(N(X));              X_out = MLP(N(X'))
-    residual="standard", N, pre      X' = X + MHA(N(X));          X_out = X' + MLP(N(X'))  (Pre-LN)
-    residual="standard", N, post     X' = N(X + MHA(X));          X_out = N(X' + MLP(X'))  (Post-LN)
-    residual="normalised"            X' = a X + b MHA(N(X)),  a^2 + b^2 = 1 (b = residual_beta)
+    residual="none"        X' = f(N(X))                      (vanilla: no skips, and N none too)
+    residual="standard"    X' = X + f(N(X))  pre,  N(X + f(X))  post       (Pre-LN, Post-LN)
+    residual="normalised"  X' = a X + b f(N(X)),  a^2 + b^2 = 1 (b = residual_beta)
 
-Attention (per head h; B_l, D_l fixed by nanospa.signal):
+Attention (per head h; scale 1/sqrt(hs); B_l, D_l from the plan through nanospa.signal):
 
-    softmax          P_h = softmax(Q_h K_h^T / sqrt(D) + causal mask)
+    softmax          P_h = softmax(scale Q_h K_h^T + causal mask)
     value_skipinit   A_h = alpha I + beta P_h        (alpha = 1, beta = 0 trainable)
-    uspa / espa      A_h = diag(D_l) softmax(Q_h K_h^T / sqrt(D) + B_l + causal mask)
+    uspa / espa      A_h = diag(D_l) softmax(scale Q_h K_h^T + B_l + causal mask)
+
+A variant is one class in one registry, its forward beside what it is at initialisation
+(docs/adding_a_variant.md): ATTENTIONS (at_init: the matrix A_l a block applies), NORMS and
+RESIDUALS (at_init: their kernel maps), POSITIONS (at_init: the input kernel Sigma_0). The
+predictions at init (predict.py) walk the same classes, so a variant cannot run as one thing
+and be predicted as another. A value the registries do not hold is an extension: variant()
+looks it up in nanospa/beyond/, imported only then (the paper's variants never load it).
 
 Initialisation, each in one visible line (method §2.4; [follow-up]: the paper's follow-up
 choice, [choice]: nanospa's documented choice):
@@ -27,42 +32,30 @@ choice, [choice]: nanospa's documented choice):
     B_l, D_l         signal.layer_bias(plan, l): espa_bias / uspa_bias     (method §7, §8)
     alpha, beta      1 and 0 (Value-SkipInit), trainable                    [follow-up]
     MLP W_1, W_2     orthogonal times max(sqrt(fan_out / fan_in), 1)         [choice, DKS/TAT]
-    phi_hat          signal.activation_transform (DKS / TAT)                 (docs/activations.md)
+    phi_hat          signal.activation_transform(**plan.activation)         (docs/activations.md)
     embeddings       N(0, sigma_e^2) tokens, positions of variance POS_VARIANCE (method §11)
 
-Which gamma_L, eta and policy the numbers follow is the kernel budget's choice,
-signal.make_plan (docs/kernel_budget.md). This file computes no signal-propagation maths:
-it stores what nanospa.signal computed, cast to the model's dtype and device. All random
-draws come from the model's seeded numpy.random.Generator, on the host, in a fixed order.
-
-Beyond the paper (nanospa/beyond/, each reached by one ``if`` on the field that names it):
-attention by blocks at long T (attention_impl), positions in the logits (pos=alibi, rope,
-spa_prior), the norms DyT, BatchNorm, PRepBN, GroupNorm, DeepNorm and RealFormer
-(residual=deepnorm, residual_attention) and nGPT (residual=ngpt). A value this file does not
-know raises. Shapes: B batch, T time, C = n_embd, H heads, D = C / H head width, V vocabulary.
+The numbers come from the plan, one plain value (signal.Plan; print(model.plan)): the SPA
+schedule gamma_l or rho_l and the activation's targets. GPT(cfg) makes it with the kernel
+budget (signal.make_plan, docs/kernel_budget.md: read it second); GPT(cfg, plan=...) takes
+any. This file computes no signal-propagation maths: it stores what nanospa.signal computed,
+cast to the model's dtype and device. All random draws come from the model's seeded
+numpy.random.Generator, on the host, in a fixed order. Shapes: B batch, T time, C = n_embd,
+H heads, hs = C / H head size, V vocabulary (D alone is SPA's D_l).
 """
+import importlib
 import math
 
 import numpy as np
 
 from . import backend, fused, signal
-from .beyond import blockwise, ngpt, norms, positions, schemes
 from .functions import Shaped
 from .nn import Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, orthogonal
 from .tensor import Tensor, no_grad
 
 MIN_TEMPERATURE = 1e-6  # generate(): temperature 0 means greedy; logits are divided by at least this
-SPA = ("uspa", "espa")
-
-
-def make_norm(cfg):
-    if cfg.norm == "none":
-        return None
-    if cfg.norm == "layernorm":
-        return LayerNorm(cfg.n_embd, dtype=cfg.dtype)
-    if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.n_embd, dtype=cfg.dtype)
-    return norms.build(cfg)  # dyt | batchnorm | prepbn | groupnorm; raises for any other name
+DENSE_MAX_T = 256       # attention_impl "auto": the whole (T, T) matrix up to this block_size; beyond,
+                        # attention by blocks (nanospa/beyond/blockwise.py)
 
 
 def weight(matrix, dtype):
@@ -71,39 +64,63 @@ def weight(matrix, dtype):
 
 
 class ShapedActivation:
-    """phi_hat(x) = output_scale * (phi(input_scale * x + input_shift) + output_shift) with
-    the parameters of a solved signal.activation_transform (a missing key skips its step; a
-    leaky ReLU takes negative_slope). One op does the whole map (functions.Shaped)."""
+    """phi_hat(x) = s (phi(a x + b) + o) of a solved signal.activation_transform: its PhiHat,
+    signal's one definition of phi_hat, evaluated by one op (functions.Shaped)."""
 
     def __init__(self, t):
-        self.base, self.method, self.params = t.activation, t.method, dict(t.params)
-        p = self.params
-        self.options = dict(a=p.get("input_scale", 1.0), b=p.get("input_shift", 0.0),
-                            s=p.get("output_scale", 1.0), o=p.get("output_shift", 0.0))
-        if self.base == "leaky_relu":
-            self.options["slope"] = p.get("negative_slope", signal.LEAKY_RELU_SLOPE)
+        self.base, self.method, self.params, self.phi_hat = t.activation, t.method, dict(t.params), t.phi_hat
 
     def __call__(self, x):
-        return Shaped.apply(x, base=self.base, **self.options)
+        return Shaped.apply(x, phi_hat=self.phi_hat)
 
     def __repr__(self):
         shown = ", ".join(f"{k}={v:.6g}" for k, v in self.params.items())
         return f"{self.method if self.method != 'none' else 'plain'} {self.base}({shown})"
 
 
-class Attention(Module):
-    """Multi-head causal attention of one block. ``bias`` is (parts, D_l) from
-    signal.layer_bias for SPA attention (or pos="spa_prior"'s B_l, whose D_l is not used),
-    else None. The dense path keeps B = tril(B_l) as a (T, T) buffer (a Parameter with
-    train_bias) and D_l as a (T,) buffer; the blockwise path (nanospa/beyond/blockwise.py,
-    long T) keeps B_l's O(T) parts and generates each block when it needs it."""
+# ----------------------------------------------------------------------------- attention
 
-    def __init__(self, cfg, bias, rng):
+def dense_attention(q, k, v, scale, bias, carry=None):
+    """softmax(scale Q K^T + bias + causal mask) V with the whole (B, H, T, T) matrix P ->
+    (y, P). bias: (stored, blocks), a stored (T_max, T_max) B (an array, or a Parameter) and a
+    function (i0, i1, j0, j1, dtype) -> a block of fixed logits made on demand; either None."""
+    P = fused.softmax(q @ k.transpose(0, 1, 3, 2), dense_bias(bias, q.shape[-2], q.dtype), scale=scale,
+                      causal=True)                                 # (B, H, T, T)
+    return P @ v, P                                                # (B, H, T, hs)
+
+
+def dense_bias(bias, T, dtype):
+    """The (T, T) (or per head (H, T, T)) logits of bias = (stored, blocks), or None."""
+    stored, blocks = bias
+    b = None if stored is None else stored[:T, :T]
+    if blocks is not None:
+        made = Tensor(blocks(0, T, 0, T, dtype))
+        b = made if b is None else b + made
+    return b
+
+
+class Attention(Module):
+    """Multi-head causal attention, softmax kind (method §3): P = softmax(scale Q K^T + causal
+    mask). At init with W^Q = 0 (zero_query) every logit is 0 and P is uniform over j <= i
+    (method §3.4); with random W^Q, W^K the predictions use the softmax mean field.
+
+    The other kinds subclass it, each changing what it says it changes: logit_bias(T) (the
+    fixed logits), output(y, v) (from P V to the sublayer's output), effective(P) (the matrix
+    that multiplies the values, for model.trace) and at_init (that matrix at initialisation,
+    float64, or None for the mean field; `bias` there: a position scheme's fixed logits).
+    Its hooks (attach) are extensions acting on the queries, keys and logits (nanospa/beyond/:
+    RoPE, ALiBi, E-SPA's prior, nGPT's unit q and k), `evaluate` how the softmax is computed
+    (dense_attention, or by blocks at long T); the paper's variants have no hooks."""
+    @staticmethod
+    def words(cfg):
+        """What the kind is at init, in words (python -m nanospa.signal prints it)."""
+        return ("uniform causal attention (W^Q = 0 or zero_query; method §3.4), or the softmax of the "
+                "fixed logit bias with ALiBi or the SPA prior; with random W^Q a mean field")
+
+    def __init__(self, cfg, plan, layer, rng, evaluate=dense_attention):
         super().__init__()
         C, H, dt = cfg.n_embd, cfg.n_head, cfg.dtype
-        if cfg.attention not in ("softmax", "value_skipinit") + SPA:
-            raise ValueError(f"Attention: unknown attention {cfg.attention!r}")
-        self.n_head, self.kind, self.dtype = H, cfg.attention, dt
+        self.n_head, self.dtype = H, dt
         self.q = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)      # each Linear draws N(0, 1/C)
         self.k = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
         self.v = Linear(C, C, bias=cfg.bias, rng=rng, dtype=dt)
@@ -112,81 +129,126 @@ class Attention(Module):
         self.proj.weight.data = weight(orthogonal(rng, C, C), dt)    # W^O orthogonal
         if cfg.attention != "softmax" or cfg.zero_query:
             self.q.weight.data = weight(np.zeros((C, C)), dt)        # W^Q = 0: A_l set by B_l, D_l
-        if cfg.attention == "value_skipinit":
-            shape = (H, 1, 1) if cfg.skipinit_per_head else (1,)
-            self.alpha = Parameter(np.ones(shape), no_decay=True, dtype=dt)
-            self.beta = Parameter(np.zeros(shape), no_decay=True, dtype=dt)
-        self.B = self.bias_parts = None
-        self.impl = blockwise.implementation(cfg)                   # "dense" or "blockwise"
-        self.block = cfg.attention_block
-        self.alibi, self.rope = positions.alibi_slopes(cfg), positions.rope_tables(cfg)  # docs/positions.md
-        self.qk_norm = ngpt.QKNorm(cfg) if cfg.residual == "ngpt" else None  # nGPT: unit q, k per head
-        if bias is not None:
-            parts, D = bias                                          # A_l = diag(D_l) softmax(B_l)
-            T = cfg.block_size
-            if cfg.train_bias:                                       # finite above the diagonal
-                self.B = Parameter(np.tril(signal.bias_block(parts, 0, T, 0, T)), no_decay=True, dtype=dt)
-            elif self.impl == "dense":
-                self.register_buffer("B", weight(np.tril(signal.bias_block(parts, 0, T, 0, T)), dt))
-            else:
-                self.bias_parts = positions.on_device(parts)        # O(T) arrays, copied once
-            if cfg.attention in SPA:                                 # the prior's D_l is not used
-                self.register_buffer("D", weight(D, dt))
+        self.evaluate, self.hooks = evaluate, []
+
+    def attach(self, hooks):
+        """Extensions on the queries, keys and logits (beyond/), each adding its parameters."""
+        for hook in hooks:
+            hook.attach(self)
+            self.hooks.append(hook)
 
     def forward(self, x, record=None, carry=None):
         B, T, C = x.shape
-        H, D = self.n_head, C // self.n_head
-        q = self.q(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # (B, T, C) -> (B, H, T, D)
-        k = self.k(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)
-        v = self.v(x).reshape(B, T, H, D).transpose(0, 2, 1, 3)
-        scale = 1.0 / math.sqrt(D)
-        if self.rope is not None:
-            q, k = positions.rope(q, *self.rope), positions.rope(k, *self.rope)  # rotated by position
-        if self.qk_norm is not None:                                # nGPT: logits sqrt(D) q_hat . k_hat
-            q, k, scale = self.qk_norm(q), self.qk_norm(k), self.qk_norm.scale(D)
-        if self.impl == "blockwise" and record is None:             # (B, H, T, D), no (T, T) matrix
-            trained = self.B if isinstance(self.B, Parameter) else None
-            fixed = self.generated_bias if self.bias_parts is not None or self.alibi is not None else None
-            y = blockwise.causal_attention(q, k, v, scale, self.block, trained, fixed)
-        else:
-            scores = q @ k.transpose(0, 1, 3, 2)                    # (B, H, T, T)
-            if carry is not None:                                   # RealFormer: + S_{l-1}; B_l added fresh
-                scores, scale = schemes.carry_scores(carry, scores * scale), 1.0
-            P = fused.softmax(scores, self.logit_bias(T), scale=scale, causal=True)  # (B, H, T, T)
-            y = P @ v                                               # (B, H, T, D)
-        if self.kind in SPA:
-            y = signal.rescale(y, self.D)                           # row i scaled by D_l[i]
-        elif self.kind == "value_skipinit":
-            y = v * self.alpha + y * self.beta                       # (alpha I + beta P) V
+        H, hs = self.n_head, C // self.n_head
+        q = self.q(x).reshape(B, T, H, hs).transpose(0, 2, 1, 3)  # (B, T, C) -> (B, H, T, hs)
+        k = self.k(x).reshape(B, T, H, hs).transpose(0, 2, 1, 3)
+        v = self.v(x).reshape(B, T, H, hs).transpose(0, 2, 1, 3)
+        scale, bias = 1.0 / math.sqrt(hs), self.logit_bias()
+        for hook in self.hooks:                                  # extensions only
+            q, k, scale, bias = hook.logits(q, k, scale, bias)
+        by_blocks = getattr(self.evaluate, "by_blocks", False)   # no (T, T) P to record: trace densely
+        y, P = (dense_attention if record is not None and by_blocks else self.evaluate)(q, k, v, scale, bias, carry)
+        y = self.output(y, v)                                    # (B, H, T, hs)
         if record is not None:
-            record["attention"] = self.effective_attention(P.data, T)
-        y = y.transpose(0, 2, 1, 3).reshape(B, T, C)                # (B, H, T, D) -> (B, T, C)
-        return self.proj(y)
+            record["attention"] = self.effective(P.data)
+        return self.proj(y.transpose(0, 2, 1, 3).reshape(B, T, C))   # (B, H, T, hs) -> (B, T, C)
 
-    def logit_bias(self, T):
-        """What the dense softmax adds to the scaled logits at T positions (the causal mask
-        is the softmax's): B_l[:T, :T] as stored, or generated from the O(T) parts, plus
-        ALiBi's -m_h (i - j) per head; None for neither."""
-        if self.bias_parts is not None or (self.alibi is not None and self.B is None):
-            return Tensor(self.generated_bias(0, T, 0, T))
-        if self.B is None:
-            return None
-        return self.B[:T, :T] if self.alibi is None else self.B[:T, :T] + Tensor(self.generated_bias(0, T, 0, T))
+    def logit_bias(self):
+        return None, None
 
-    def generated_bias(self, i0, i1, j0, j1):
-        """B_l[i0:i1, j0:j1] from the O(T) parts (signal.bias_block: float64, rounded once to
-        the model's dtype), plus ALiBi's -m_h (i - j) per head when set, made on the model's
-        device from parts kept there."""
-        return positions.fixed_bias(self.bias_parts, self.alibi, i0, i1, j0, j1, self.dtype)
+    def output(self, y, v):
+        return y
 
-    def effective_attention(self, P, T):
-        """The matrix that multiplies the values: diag(D) P (SPA), alpha I + beta P, or P."""
-        xp = backend.xp_of(P)
-        if self.kind in SPA:
-            return signal.rescale(P, self.D)
-        if self.kind == "value_skipinit":
-            return self.alpha.data * xp.eye(T, dtype=P.dtype) + self.beta.data * P
+    def effective(self, P):
         return P
+
+    @staticmethod
+    def at_init(cfg, plan, layer, T, bias=None):
+        if not cfg.zero_query:
+            return None
+        return signal.uniform_causal_attention(T) if bias is None else signal.realise(bias, np.ones(T))
+
+
+class ValueSkipInit(Attention):
+    """A = alpha I + beta P (method §4): alpha = 1 and beta = 0 at init, trainable (per layer,
+    or per head with skipinit_per_head); at init the identity, whatever P is."""
+    @staticmethod
+    def words(cfg):
+        return "the identity (alpha I + beta P with beta = 0; method §4)"
+
+    def __init__(self, cfg, plan, layer, rng, evaluate=dense_attention):
+        super().__init__(cfg, plan, layer, rng, evaluate)
+        shape = (cfg.n_head, 1, 1) if cfg.skipinit_per_head else (1,)
+        self.alpha = Parameter(np.ones(shape), no_decay=True, dtype=cfg.dtype)
+        self.beta = Parameter(np.zeros(shape), no_decay=True, dtype=cfg.dtype)
+
+    def output(self, y, v):
+        return v * self.alpha + y * self.beta                    # (alpha I + beta P) V
+
+    def effective(self, P):
+        return self.alpha.data * backend.xp_of(P).eye(P.shape[-1], dtype=P.dtype) + self.beta.data * P
+
+    @staticmethod
+    def at_init(cfg, plan, layer, T, bias=None):
+        return signal.value_skipinit_attention(T)
+
+
+class SPA(Attention):
+    """U-SPA and E-SPA: A_l = diag(D_l) softmax(scale Q K^T + B_l + causal mask) (method §6-§8),
+    B_l and D_l of block l from the plan (signal.layer_bias). W^Q = 0 at init, so A_l =
+    diag(D_l) softmax(B_l): the plan's matrix, exactly. B = tril(B_l) is a (T, T) buffer (a
+    Parameter with train_bias) and D_l a (T,) buffer; where attention is evaluated by blocks
+    (at long T), B_l stays as its O(T) parts and each block is made on the device on demand."""
+    @staticmethod
+    def words(cfg):
+        return {"uspa": "A_l = diag(D_l) softmax(B_l), the plan's U-SPA matrix (method §6, §8)",
+                "espa": "A_l = diag(D_l) softmax(B_l), the plan's E-SPA matrix (method §7, §8)"}[cfg.attention]
+
+    def __init__(self, cfg, plan, layer, rng, evaluate=dense_attention):
+        parts, D = signal.layer_bias(plan, layer)                  # B_l's O(T) parts, and D_l
+        super().__init__(cfg, plan, layer, rng, evaluate)
+        T, dt = cfg.block_size, cfg.dtype
+        self.B, self.parts = None, None
+        if cfg.train_bias:                                          # never decayed (method §8)
+            self.B = Parameter(np.tril(signal.bias_block(parts, 0, T, 0, T)), no_decay=True, dtype=dt)
+        elif getattr(evaluate, "by_blocks", False):
+            self.parts = {k: backend.asarray(v) if isinstance(v, np.ndarray) else v for k, v in parts.items()}
+        else:
+            self.register_buffer("B", weight(np.tril(signal.bias_block(parts, 0, T, 0, T)), dt))
+        self.register_buffer("D", weight(D, dt))
+
+    def logit_bias(self):
+        if self.parts is None:
+            return self.B, None
+        xp = backend.xp_of(self.D)                               # the parts are where D_l is
+        return None, lambda i0, i1, j0, j1, dtype: signal.bias_block(self.parts, i0, i1, j0, j1, dtype, xp=xp)
+
+    def output(self, y, v):
+        return signal.rescale(y, self.D)                           # row i scaled by D_l[i]
+
+    def effective(self, P):
+        return signal.rescale(P, self.D)
+
+    @staticmethod
+    def at_init(cfg, plan, layer, T, bias=None):
+        B, D = signal.dense_layer_bias(plan, layer, T)
+        return signal.realise(B if bias is None else B + bias, D)
+
+
+ATTENTIONS = {"softmax": Attention, "value_skipinit": ValueSkipInit, "uspa": SPA, "espa": SPA}
+
+
+def check_kind(cls):
+    """cls itself, or ValueError when an attention kind says half of what it is: a kind that
+    changes what softmax attention computes (logit_bias or output) must also say what it is at
+    init (at_init) and what matrix it applies (effective), and the other way round."""
+    own = {name for name in ("logit_bias", "output", "effective", "at_init")
+           if getattr(cls, name) is not getattr(Attention, name)}
+    if own and not ({"effective", "at_init"} <= own and own & {"logit_bias", "output"}):
+        raise ValueError(f"attention kind {cls.__name__} is half a variant: it defines {sorted(own)} of "
+                         "logit_bias or output (its forward), and effective and at_init (what it is at init) "
+                         "(docs/adding_a_variant.md)")
+    return cls
 
 
 class MLP(Module):
@@ -196,7 +258,7 @@ class MLP(Module):
         self.fc = Linear(C, M, bias=cfg.bias, rng=rng, dtype=dt)
         self.proj = Linear(M, C, bias=cfg.bias, rng=rng, dtype=dt)
         self.act = act                                              # phi_hat(x) = s (phi(a x + b) + o)
-        # orthogonal, scaled so that a wide layer keeps q: the DKS/TAT condition W W^T = I
+        # orthogonal, scaled so that a wide layer keeps q: the DKS/TAT condition W_1 W_1^T = (M / C) I
         self.fc.weight.data = weight(orthogonal(rng, C, M, max(math.sqrt(M / C), 1.0)), dt)
         self.proj.weight.data = weight(orthogonal(rng, M, C, max(math.sqrt(C / M), 1.0)), dt)
 
@@ -204,35 +266,143 @@ class MLP(Module):
         return self.proj(self.act(self.fc(x)))  # (B, T, C) -> (B, T, 4C) -> (B, T, C)
 
 
+# ----------------------------------------------------------------------------- norms, residuals
+
+class Norm:
+    """The paper's norms, LayerNorm and RMSNorm (nn.py): build(cfg) makes the layer; at_init,
+    its kernel map, rescales every token to q = 1 (Sigma -> C; signal.maps.norm_kernel)."""
+
+    @staticmethod
+    def build(cfg):
+        return (LayerNorm if cfg.norm == "layernorm" else RMSNorm)(cfg.n_embd, dtype=cfg.dtype)
+
+    @staticmethod
+    def at_init(Sigma, cfg, batch=None):
+        return signal.maps.norm_kernel(cfg, Sigma, batch)
+
+
+NORMS = {"none": None, "layernorm": Norm, "rmsnorm": Norm}
+
+
+class Residual:
+    """How a sublayer's output h joins its input x: x' = a x + b h (method §2.2), (a, b) from
+    signal.maps.residual_weights: none (0, 1), standard (1, 1), normalised (sqrt(1 - beta^2),
+    beta). at_init: the kernel a^2 Sigma_x + b^2 Sigma_h; branch_gain2 the kernel gain of a
+    branch's weights (1; DeepNorm's beta^2 in beyond/)."""
+
+    def __init__(self, cfg):
+        self.a, self.b, self.branch_gain2 = signal.maps.residual_weights(cfg)
+
+    def __call__(self, x, h):
+        if self.a == 0.0:
+            return h
+        return x + h if (self.a, self.b) == (1.0, 1.0) else x * self.a + h * self.b
+
+    def at_init(self, Sigma_x, Sigma_h):
+        return signal.maps.residual_kernel(self.a, self.b, Sigma_x, Sigma_h)
+
+    def init_block(self, block):
+        """Change a built block's weights (DeepNorm's gains, in beyond/); nothing here."""
+
+
+RESIDUALS = {"none": Residual, "standard": Residual, "normalised": Residual}
+
+
 class Block(Module):
-    def __init__(self, cfg, bias, act, rng):
+    """An attention sublayer, then an MLP sublayer, each x -> residual(x, f(N(x))) (pre) or
+    N(residual(x, f(x))) (post)."""
+
+    def __init__(self, cfg, plan, layer, act, rng, hooks=(), evaluate=dense_attention):
         super().__init__()
-        if cfg.residual not in ("none", "standard", "normalised", "deepnorm"):
-            raise ValueError(f"Block: unknown residual {cfg.residual!r}")
-        self.residual, self.position = cfg.residual, cfg.norm_position
-        self.attn = Attention(cfg, bias, rng)
+        self.attn = variant("attention", cfg.attention)(cfg, plan, layer, rng, evaluate)
+        self.attn.attach(hooks)
         self.mlp = MLP(cfg, act, rng)
-        self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
-        self.a, self.b = schemes.residual_weights(cfg)       # a x + b f(x): normalised, deepnorm
-        if cfg.residual == "deepnorm":
-            schemes.deepnorm_init(self, cfg.n_layer)          # W^V, W^O, W_1, W_2 times beta
+        norm = variant("norm", cfg.norm)
+        self.norm1, self.norm2 = (norm.build(cfg), norm.build(cfg)) if norm else (None, None)
+        self.post = cfg.norm_position == "post"
+        self.residual = variant("residual", cfg.residual)(cfg)
+        self.residual.init_block(self)
 
     def sublayer(self, x, f, norm, record=None, key=None):
-        h = f(norm(x)) if norm is not None and self.position == "pre" else f(x)
+        h = f(norm(x) if norm is not None and not self.post else x)
         if record is not None and key:
             record[key] = h.data
-        if self.residual == "standard":
-            h = x + h
-        elif self.residual in ("normalised", "deepnorm"):
-            h = x * self.a + h * self.b
-        if norm is not None and self.position == "post":
-            h = norm(h)
-        return h
+        h = self.residual(x, h)
+        return norm(h) if norm is not None and self.post else h
 
     def forward(self, x, record=None, carry=None):
         x = self.sublayer(x, lambda u: self.attn(u, record, carry), self.norm1, record, "attn_out")
         return self.sublayer(x, self.mlp, self.norm2)
 
+
+# ----------------------------------------------------------------------------- positions
+
+class Position:
+    """Positions added to the token embedding (method §11): none, learned (an Embedding wpe of
+    variance POS_VARIANCE) or sinusoidal (a fixed buffer pe of that variance). build adds them
+    to the model; at_init is the input kernel Sigma_0 of T distinct tokens
+    (signal.input_kernel). Schemes acting on the logits instead (ALiBi, RoPE, E-SPA's prior)
+    are extensions (beyond/positions.py) with hooks and logits at init of their own."""
+
+    def __init__(self, cfg, plan):
+        self.cfg, self.plan = cfg, plan
+
+    def build(self, model, rng):
+        cfg = self.cfg
+        if cfg.pos == "learned":
+            model.wpe = Embedding(cfg.block_size, cfg.n_embd, std=math.sqrt(signal.POS_VARIANCE), rng=rng,
+                                  dtype=cfg.dtype)
+        elif cfg.pos == "sinusoidal":
+            model.register_buffer("pe", weight(signal.sinusoidal_encoding(cfg.block_size, cfg.n_embd), cfg.dtype))
+
+    def embed(self, model, x, T):
+        if self.cfg.pos == "learned":
+            return x + model.wpe.weight[:T]                  # + (T, C): rows 0..T-1, no index array
+        return x + Tensor(model.pe[:T]) if self.cfg.pos == "sinusoidal" else x
+
+    def hooks(self, layer):
+        """What the scheme does to block `layer`'s logits: nothing, for positions added."""
+        return []
+
+    @staticmethod
+    def at_init(cfg, T=None, tokens=None):
+        """Sigma_0 of T distinct tokens, or of the sequence `tokens`."""
+        return signal.input_kernel(tokens, T, pos=cfg.pos, n_embd=cfg.n_embd)
+
+    @staticmethod
+    def logit_bias_at_init(cfg, plan, layer, T):
+        return None
+
+    @staticmethod
+    def rotation_at_init(cfg):
+        return None
+
+
+POSITIONS = {"none": Position, "learned": Position, "sinusoidal": Position}
+REGISTRIES = {"attention": ATTENTIONS, "norm": NORMS, "residual": RESIDUALS, "pos": POSITIONS}
+
+
+def variant(field, name):
+    """The class of GPTConfig.<field> = name: from the registries above, else an extension of
+    nanospa/beyond/ (imported here, and only here: the paper's variants never load it);
+    ValueError naming the value and the allowed ones when neither holds it."""
+    registry = REGISTRIES[field]
+    if name not in registry:
+        return importlib.import_module("nanospa.beyond").variant(field, name, known=tuple(registry))
+    return check_kind(registry[name]) if field == "attention" else registry[name]
+
+
+def evaluation(cfg):
+    """How attention's softmax is computed: dense_attention, or an extension's where cfg asks
+    for attention by blocks (attention_impl, or "auto" beyond DENSE_MAX_T) or RealFormer's
+    carried scores (residual_attention)."""
+    dense = cfg.attention_impl == "dense" or (cfg.attention_impl == "auto" and cfg.block_size <= DENSE_MAX_T)
+    if dense and not cfg.residual_attention:
+        return dense_attention
+    return importlib.import_module("nanospa.beyond").evaluation(cfg)
+
+
+# ----------------------------------------------------------------------------- the model
 
 class Trace:
     """What ``GPT.trace`` returns: host arrays, one entry per layer (see GPT.trace)."""
@@ -242,34 +412,26 @@ class Trace:
 
 
 class GPT(Module):
-    def __init__(self, cfg, seed=0):
+    def __init__(self, cfg, seed=0, plan=None):
         super().__init__()
         self.config = cfg
         rng = np.random.default_rng(seed)  # all init drawn on the host: same weights on CPU and GPU
-        self.plan = signal.make_plan(cfg)  # the kernel budget: schedule, activation targets (float64)
+        self.plan = signal.make_plan(cfg) if plan is None else plan   # schedule, activation (float64)
         act = ShapedActivation(signal.activation_transform(**self.plan.activation))   # phi_hat: DKS / TAT
-        bias_plan = self.plan if cfg.attention in SPA else self.plan.prior            # prior: pos="spa_prior"
-        biases = [signal.layer_bias(bias_plan, l) if bias_plan is not None else None  # (B_l parts, D_l)
-                  for l in range(1, cfg.n_layer + 1)]
         C, dt = cfg.n_embd, cfg.dtype
-        if cfg.residual == "ngpt":                       # nGPT's own embedding, blocks, head (beyond/ngpt.py)
-            self.wte = ngpt.Embedding(cfg.vocab_size, C, rng=rng, dtype=dt)
-        else:
-            self.wte = Embedding(cfg.vocab_size, C, std=math.sqrt(signal.token_variance(cfg.pos)), rng=rng, dtype=dt)
+        scheme = variant("residual", cfg.residual)                    # nGPT brings its own parts
+        self.wte = scheme.embedding(cfg, rng) if hasattr(scheme, "embedding") else \
+            Embedding(cfg.vocab_size, C, std=math.sqrt(signal.token_variance(cfg.pos)), rng=rng, dtype=dt)
+        self.position = variant("pos", cfg.pos)(cfg, self.plan)
         self.wpe = None
-        if cfg.pos == "learned":
-            self.wpe = Embedding(cfg.block_size, C, std=math.sqrt(signal.POS_VARIANCE), rng=rng, dtype=dt)
-        elif cfg.pos == "sinusoidal":
-            self.register_buffer("pe", weight(signal.sinusoidal_encoding(cfg.block_size, C), dt))
-        elif cfg.pos not in ("none", "alibi", "rope", "spa_prior"):   # the last three: in Attention
-            raise ValueError(f"GPT: unknown pos {cfg.pos!r}")
-        if cfg.residual == "ngpt":
-            self.blocks = [ngpt.Block(cfg, Attention(cfg, bias, rng), act, rng) for bias in biases]
-            self.head = ngpt.Head(C, cfg.vocab_size, rng=rng, dtype=dt)
-        else:
-            self.blocks = [Block(cfg, bias, act, rng) for bias in biases]
-            self.head = Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
-        self.ln_f = make_norm(cfg) if cfg.uses_final_norm else None
+        self.position.build(self, rng)
+        make_block, evaluate = getattr(scheme, "block", Block), evaluation(cfg)
+        self.blocks = [make_block(cfg, self.plan, l, act, rng, self.position.hooks(l), evaluate)
+                       for l in range(1, cfg.n_layer + 1)]
+        self.head = scheme.head(cfg, rng) if hasattr(scheme, "head") else \
+            Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
+        norm = variant("norm", cfg.norm)
+        self.ln_f = norm.build(cfg) if norm and cfg.uses_final_norm else None
 
     @property
     def activation(self):
@@ -277,22 +439,18 @@ class GPT(Module):
         return self.blocks[0].mlp.act
 
     def embed(self, idx):
-        B, T = idx.shape
+        """The first block's input: token embeddings plus the positions (B, T) -> (B, T, C)."""
+        T = idx.shape[1]
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        x = self.wte(idx)                                   # (B, T) -> (B, T, C)
-        if self.wpe is not None:
-            x = x + self.wpe.weight[:T]                     # + (T, C): rows 0..T-1, no index array
-        elif self.config.pos == "sinusoidal":
-            x = x + Tensor(self.pe[:T])
-        return x
+        return self.position.embed(self, self.wte(idx), T)
 
     def forward(self, idx, targets=None, record=None):
         idx, targets = _token_ids(idx, targets, self.config.vocab_size)   # on the model's device
-        x = self.embed(idx)
+        x = self.embed(idx)                                 # (B, T) -> (B, T, C)
         if record is not None:
             record.hidden.append(backend.to_numpy(x.data))
-        carry = {} if self.config.residual_attention else None   # RealFormer's scores, block to block
+        carry = {}                                          # what one block hands the next (RealFormer)
         for block in self.blocks:
             layer = {} if record is not None else None
             x = block(x, layer, carry)

@@ -4,7 +4,7 @@ Updates change ``param.data`` in place, after backward has freed the graph, so n
 saved for a backward pass is ever modified. Optimiser state lives on the parameters'
 device and has the parameters' dtype; ``state_dict`` brings it to the host for checkpoints.
 
-Here: SGD, AdamW (its update in place, adamw_update),
+Here: AdamW (its update in place, adamw_update),
 global-norm clipping, the warm-up + cosine schedule. Not here: which parameters decay
 (each Parameter's ``no_decay``, set where it is made) and the training loop (train.py).
 """
@@ -54,35 +54,6 @@ class Optimizer:
 
     def _state(self):
         return {}
-
-
-class SGD(Optimizer):
-    """p <- p - lr (g + wd p), with heavy-ball momentum buffer v <- mu v + g (+ wd p)."""
-
-    def __init__(self, params, lr=1e-2, momentum=0.0, weight_decay=0.0):
-        super().__init__(params, lr)
-        self.momentum, self.weight_decay = momentum, weight_decay
-        self.v = [None] * len(self.params)
-
-    def _state(self):
-        return {"v": self.v}
-
-    def step(self):
-        self.t += 1
-        for i, p in enumerate(self.params):
-            if p.grad is None:
-                continue
-            g = p.grad
-            if self.weight_decay and not getattr(p, "no_decay", False):
-                g = g + self.weight_decay * p.data
-            if self.momentum:
-                if self.v[i] is None:
-                    self.v[i] = g.copy()
-                else:
-                    self.v[i] *= self.momentum
-                    self.v[i] += g
-                g = self.v[i]
-            p.data -= self.lr * g
 
 
 class AdamW(Optimizer):
@@ -199,8 +170,8 @@ def clip_grad_norm(params, max_norm):
 
 
 def cosine_lr(it, max_lr, warmup_iters, decay_iters, min_lr):
-    """Linear warm-up from 0 to max_lr over warmup_iters, then cosine decay to min_lr at
-    decay_iters, then min_lr."""
+    """Linear warm-up to max_lr over warmup_iters (step it gets max_lr (it + 1) /
+    (warmup_iters + 1), as nanoGPT's), then cosine decay to min_lr at decay_iters, then min_lr."""
     if it < warmup_iters:
         return max_lr * (it + 1) / (warmup_iters + 1)
     if it >= decay_iters:

@@ -1,3 +1,4 @@
+import ctypes
 import importlib.util
 import os
 import pathlib
@@ -5,7 +6,48 @@ import sys
 import urllib.error
 import urllib.request
 
-import numpy as np
+# ----------------------------------------------------------------------------- BLAS threads
+# One BLAS thread per test process, as train.py runs (docs/decisions.md, "The tests run on
+# one BLAS thread"). On 2 cores shared with other work, a 2-thread OpenBLAS waits for its
+# second thread in each of the many small products and factorisations the tests make, and the
+# fast tier took twice to three times as long. Set here, before NumPy loads (OpenBLAS reads the
+# variables once); subprocesses the tests start inherit them. A value already set wins. What
+# tests BLAS threading sets its own: the benchmark's --cpu_threading=blas re-runs itself with
+# OPENBLAS_NUM_THREADS=n (tests/test_bench.py).
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _set_loaded_openblas_threads(n):
+    """The thread count of an OpenBLAS this process has already loaded, through its C API
+    (NumPy's wheels: scipy_openblas_*); False when none is mapped (or no /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps
+                            if "openblas" in line.lower() and line.split()[-1].startswith("/")})
+    except OSError:
+        return False
+    for path in paths:
+        lib = ctypes.CDLL(path)                  # already loaded: the same library, not a copy
+        for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                     "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            if hasattr(lib, name):
+                getattr(lib, name).argtypes = [ctypes.c_int]
+                getattr(lib, name)(n)
+                return True
+    return False
+
+
+def _pin_blas_threads():
+    unset = [var for var in BLAS_THREAD_VARS if var not in os.environ]
+    for var in unset:
+        os.environ[var] = "1"
+    if "numpy" in sys.modules and "OPENBLAS_NUM_THREADS" in unset:   # a plugin loaded NumPy first
+        _set_loaded_openblas_threads(1)                                # (-p tolerance_margins does)
+
+
+_pin_blas_threads()
+
+import numpy as np  # noqa: E402  (after the pin)
 import pytest
 
 from nanospa import GPT, GPTConfig, Tensor, backend

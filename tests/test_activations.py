@@ -1,9 +1,12 @@
-"""One definition per activation (nanospa/signal/activations.py ACTIVATIONS), read by the
-engine and by the float64 maths: for every entry, in float64, the engine's op gives phi,
-its backward phi', the slope of its backward phi'', and those agree with central
-differences of phi itself; the shaped op (functions.Shaped) is the float64 phi_hat
-(signal.act_transform.ActivationTransform) and its derivative; float32 stays float32.
-A planted wrong derivative is caught (the check has teeth).
+"""One definition per activation (nanospa/signal/activations.py ACTIVATIONS) and one of the
+shaped phi_hat (activations.PhiHat), read by the engine and by the float64 maths: for every
+entry, in float64, the engine's op gives phi, its backward phi', the slope of its backward
+phi'', and those agree with central differences of phi itself; for every activation and
+every transform (untransformed, each DKS/TAT solution the model names, hand-set parameters
+on both of Shaped's paths) the engine's functions.Shaped gives the phi_hat and phi_hat' that
+the Q/C maps and the solvers evaluate, and phi_hat'' is the slope of phi_hat'; float32 stays
+float32. A planted wrong derivative is caught (the checks have teeth), and a planted change
+of PhiHat moves the engine and the float64 maps together (there is no second copy).
 
 Adding an activation: an entry in ACTIVATIONS (signal/activations.py), its name wherever
 GPTConfig lists choices (it reads ACTIVATIONS), and, when PyTorch has it, a row in the
@@ -16,8 +19,8 @@ import pytest
 
 from nanospa import functions as F
 from nanospa.config import BASE_ACTIVATIONS
-from nanospa.signal import activations as ac
-from nanospa.signal.act_transform import ActivationTransform
+from nanospa.gradcheck import check_jacobian
+from nanospa.signal import act_transform, activations as ac, qc_maps
 from nanospa.tensor import Tensor
 
 # points away from the kink at 0; central differences with h = 1e-5 have truncation error
@@ -70,22 +73,107 @@ def test_the_configuration_lists_the_registry(name):
     assert set(BASE_ACTIVATIONS) == set(ac.ACTIVATIONS)
 
 
-@pytest.mark.parametrize("name", sorted(ac.ACTIVATIONS))
-def test_shaped_op_is_the_float64_phi_hat(name):
-    """functions.Shaped(a, b, s, o) against ActivationTransform with the same parameters:
-    values and derivative, on both of Shaped's paths (b = 0 takes the fast path for the
-    positively homogeneous relu and leaky_relu)."""
-    for shift in (0.0, 0.3):
-        params = dict(input_scale=0.8, input_shift=shift, output_shift=-0.1, output_scale=1.3)
-        kw = {}
+# ------------------------------------------------------------------- phi_hat, one definition
+
+DEPTH = 24
+# Shaped's fast path multiplies by scale_where's factor k_neg + (k_pos - k_neg) [x > 0], which
+# may differ from s a in its last bits, then adds s o: a few ulps of the largest |phi_hat|
+# (measured: 0.7 eps relative); 8 eps leaves room, and a planted 1e-12 in PhiHat.pieces is
+# about 500 times more.
+FAST_PATH_RTOL = 8 * np.finfo(np.float64).eps
+# every transform: each base untransformed, each DKS/TAT solution the model names, and hand-set
+# parameters with b = 0 (relu, leaky_relu: Shaped's fast path) and b != 0 (its generic path)
+TRANSFORMS = ([("none", name) for name in sorted(ac.ACTIVATIONS)]
+              + [("solved", name) for name in sorted(act_transform.shaped_activation_names)]
+              + [(f"set_b{b}", name) for b in (0.0, 0.3) for name in sorted(ac.ACTIVATIONS)])
+
+
+def transform(kind, name):
+    """(what the Q/C maps evaluate, the PhiHat the engine is given) for one transform."""
+    if kind == "none":
+        t = act_transform.activation_transform(name, "none")
+    elif kind == "solved":
+        t = act_transform.shaped_activation(name, DEPTH)
+    else:
+        params = dict(input_scale=0.8, input_shift=float(kind[5:]), output_shift=-0.1, output_scale=1.3)
         if name == "leaky_relu":
-            params["negative_slope"] = kw["slope"] = 0.2
-        t = ActivationTransform(name, "tat", 1, params)
-        x = Tensor(X.copy(), requires_grad=True)
-        y = F.Shaped.apply(x, base=name, a=0.8, b=shift, s=1.3, o=-0.1, **kw)
-        y.backward(np.ones_like(X))
-        np.testing.assert_allclose(y.data, t(X), rtol=1e-14, atol=1e-14)
-        np.testing.assert_allclose(x.grad, t.derivative(X), rtol=1e-14, atol=1e-14)
+            params["negative_slope"] = 0.2
+        t = act_transform.ActivationTransform(name, "tat", 1, params)
+    return qc_maps._as_hat(t), t.phi_hat
+
+
+def shaped_engine(h, x):
+    """(phi_hat(x), phi_hat'(x)) as the engine's Shaped op computes them, in float64."""
+    t = Tensor(x.copy(), requires_grad=True)
+    y = F.Shaped.apply(t, phi_hat=h)
+    y.backward(np.ones_like(x))
+    return y.data, t.grad
+
+
+def shaped_gaps(maps_h, engine_h):
+    """Largest gaps, in float64, between the engine op, the float64 phi_hat and finite
+    differences (relative to the largest |phi_hat|, |phi_hat'|, at least 1), at points away
+    from the kink."""
+    x = X if maps_h.kink is None else X[np.abs(X - maps_h.kink) > 10 * H]
+    y, g = shaped_engine(engine_h, x)
+    size, scale = max(1.0, float(np.abs(y).max())), max(1.0, float(np.abs(g).max()))
+    fd1 = (maps_h(x + H) - maps_h(x - H)) / (2 * H)
+    fd2 = (shaped_engine(engine_h, x + H)[1] - shaped_engine(engine_h, x - H)[1]) / (2 * H)
+    return dict(value=np.abs(y - maps_h(x)).max() / size, d1_op=np.abs(g - maps_h.d1(x)).max() / scale,
+                d1_fd=np.abs(g - fd1).max() / scale, d2_fd=np.abs(maps_h.d2(x) - fd2).max() / scale,
+                dtypes={y.dtype, g.dtype, maps_h(x).dtype, maps_h.d1(x).dtype, maps_h.d2(x).dtype})
+
+
+@pytest.mark.parametrize("kind, name", TRANSFORMS, ids=[f"{k}-{n}" for k, n in TRANSFORMS])
+def test_engine_op_and_float64_maps_evaluate_one_phi_hat(kind, name):
+    """functions.Shaped and the Q/C maps (and solvers) read the same PhiHat, and evaluate the same
+    phi_hat and phi_hat' in float64: exactly on the engine's generic path; on its fast path
+    (scale_where's factor may differ from s a in the last bit) to 1e-15 relative. phi_hat' is the
+    slope of phi_hat and phi_hat'' the slope of the engine's phi_hat'."""
+    maps_h, engine_h = transform(kind, name)
+    assert maps_h is engine_h                            # one value, not two equal ones
+    err = shaped_gaps(maps_h, engine_h)
+    assert err.pop("dtypes") == {np.dtype(np.float64)}
+    if engine_h.homogeneous:
+        assert err["value"] < FAST_PATH_RTOL and err["d1_op"] < FAST_PATH_RTOL, err
+    else:
+        assert err["value"] == 0.0 and err["d1_op"] == 0.0, err
+    assert err["d1_fd"] < ATOL and err["d2_fd"] < ATOL, err
+
+
+def test_a_planted_change_of_phi_hat_moves_engine_and_maps_together(monkeypatch):
+    """PhiHat.pre (u = a x + b) moved by 1e-6 relative: the engine's op, the Q-map's quadrature
+    and the solvers' per-layer quantities all move, and stay equal to each other."""
+    h = act_transform.shaped_activation("dks_gelu", DEPTH).phi_hat
+    x = np.linspace(-2.0, 2.0, 9)
+    before = (shaped_engine(h, x)[0], qc_maps.q_map(h, 1.5), act_transform._local("gelu", h.a, h.b, h.o)["Cslope"])
+    real = ac.PhiHat.pre
+    monkeypatch.setattr(ac.PhiHat, "pre", lambda self, x: real(self, x) * (1 + 1e-6))
+    after = (shaped_engine(h, x)[0], qc_maps.q_map(h, 1.5), act_transform._local("gelu", h.a, h.b, h.o)["Cslope"])
+    assert np.abs(after[0] - before[0]).max() > 1e-7                  # the engine moved
+    assert abs(after[1] - before[1]) > 1e-7 and abs(after[2] - before[2]) > 1e-7   # the maps moved
+    err = shaped_gaps(h, h)
+    assert err["value"] == 0.0 and err["d1_op"] == 0.0               # and still agree
+
+
+def test_a_planted_wrong_phi_hat_derivative_is_caught(monkeypatch):
+    """PhiHat.grad (s a phi'(a x + b)) off by 1e-5 relative: the engine's gradient check fails,
+    and so does the float64 slope check. On the fast path, PhiHat.pieces off by 1e-12 relative
+    is caught against the float64 phi_hat."""
+    h = ac.PhiHat("gelu", a=0.8, b=0.3, s=1.3, o=-0.1)
+    x = np.linspace(-2.0, 2.0, 9)
+    assert check_jacobian(lambda t: F.Shaped.apply(t, phi_hat=h), [Tensor(x.copy(), requires_grad=True)]) < 1e-6
+    real = ac.PhiHat.grad
+    monkeypatch.setattr(ac.PhiHat, "grad", lambda self, u, g=None, xp=None: real(self, u, g, xp) * (1 + 1e-5))
+    with pytest.raises(AssertionError, match="gradient check failed"):
+        check_jacobian(lambda t: F.Shaped.apply(t, phi_hat=h), [Tensor(x.copy(), requires_grad=True)])
+    assert shaped_gaps(h, h)["d1_fd"] > ATOL
+    monkeypatch.undo()
+    lrelu = ac.PhiHat("leaky_relu", a=0.8, s=1.3, o=-0.1, negative_slope=0.2)
+    assert shaped_gaps(lrelu, lrelu)["value"] < FAST_PATH_RTOL
+    k_pos, k_neg, offset = lrelu.pieces
+    monkeypatch.setattr(ac.PhiHat, "pieces", property(lambda self: (k_pos * (1 + 1e-12), k_neg, offset)))
+    assert shaped_gaps(lrelu, lrelu)["value"] > 100 * FAST_PATH_RTOL
 
 
 @pytest.mark.parametrize("name", sorted(ac.ACTIVATIONS))

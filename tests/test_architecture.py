@@ -4,18 +4,23 @@
   nanospa outside signal/, nor the top-level data.py / train.py, at module level or inside
   functions (relative imports resolved; importlib.import_module with a constant counts);
 - the core (nanospa/*.py and nanospa/signal/) never imports the infrastructure (run/, bench/,
-  experiments/, train.py), and only model.py and config.py reach beyond/ (the variants they
-  dispatch to); beyond/ imports no infrastructure but the worker threads;
+  experiments/, train.py); it reaches the extensions only by name, through the registries'
+  lookup (importlib.import_module of nanospa.beyond from model.py and config.py, of
+  nanospa.signal.beyond from signal/): never a static import, so the paper's model loads none
+  of them (tests/test_architecture.py runs it and looks); beyond/ imports no infrastructure but
+  the worker threads;
 - no import cycle among nanospa's modules (and data.py, train.py), counting imports inside
   functions, except tensor.py with the primitive modules its operator sugar calls
-  (functions.py, shape_ops.py, fused.py, as far as they exist);
+  (functions.py, shape_ops.py, fused.py, as far as they exist), and the lookups by name of
+  the extensions, which sit above the core they extend (beyond/ subclasses model.py's variants);
 - README's reading guide lists every core file with its line count and their total, and its
   size table every folder's files and lines, as they are (the size of the project in view,
   where a per-file cap used to stand);
 - every one of those modules opens with a docstring.
 """
-import re
 import ast
+import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -70,21 +75,39 @@ def known(dotted):
     return None
 
 
-def imports(name, tree=None):
+@functools.lru_cache(maxsize=None)
+def parsed(name):
+    """The parsed source of one of our modules, read once per session (the tests only read it)."""
+    return ast.parse(FILES[name].read_text(encoding="utf-8"))
+
+
+@functools.lru_cache(maxsize=None)
+def _imports_on_disk(name, by_name):
+    return tuple(_imports(name, parsed(name), by_name))
+
+
+def imports(name, tree=None, by_name=False):
     """[(imported module, line)] of every import of one of our modules anywhere in `name`'s
-    source: module level, inside functions and classes, and importlib.import_module("...")."""
-    tree = tree or ast.parse(FILES[name].read_text(encoding="utf-8"))
+    source (the file, or `tree` when given): module level, inside functions and classes, and
+    importlib.import_module("...") (by_name=True: only those)."""
+    return list(_imports_on_disk(name, by_name)) if tree is None else _imports(name, tree, by_name)
+
+
+def _imports(name, tree, by_name=False):
     out = []
     for node in ast.walk(tree):
+        lookup = (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr == "import_module" and node.args
+                  and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str))
+        if by_name and not lookup:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = resolve(name, node)
             # `from P import x`: the submodule P.x where x is one, else P itself
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in FILES else base for a in node.names]
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr == "import_module" and node.args
-              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        elif lookup:
             targets = [node.args[0].value]
         else:
             continue
@@ -92,8 +115,16 @@ def imports(name, tree=None):
     return out
 
 
+EXTENSIONS = ("nanospa.beyond", "nanospa.signal.beyond")   # reached from the core by name only
+
+
+def is_extension(target):
+    return any(target == e or target.startswith(e + ".") for e in EXTENSIONS)
+
+
 def graph(trees=None):
-    """{module: {imported module: first line}} over all our modules."""
+    """{module: {imported module: first line}} over all our modules. lookups(g): the edges
+    that are lookups by name (importlib) of an extension from outside the extensions."""
     trees = trees or {}
     g = {}
     for name in FILES:
@@ -102,6 +133,12 @@ def graph(trees=None):
             if target != name:
                 edges.setdefault(target, line)
         g[name] = edges
+    g["__lookups__"] = set()
+    for name in FILES:
+        if not is_extension(name):
+            looked_up = set(imports(name, trees.get(name), by_name=True))           # {(target, line)}
+            static = {t for t, line in imports(name, trees.get(name)) if (t, line) not in looked_up}
+            g["__lookups__"] |= {(name, t) for t, _ in looked_up if is_extension(t) and t not in static}
     return g
 
 
@@ -120,7 +157,9 @@ def signal_violations(g):
 def cycles(g):
     """The strongly connected components with more than one module (Tarjan), after removing
     the allowed edges tensor -> its sugar's primitives."""
-    g = {m: {t for t in edges if not (m == SUGAR_OWNER and t in SUGAR_PRIMITIVES)} for m, edges in g.items()}
+    lookups = g.get("__lookups__", set())
+    g = {m: {t for t in edges if not (m == SUGAR_OWNER and t in SUGAR_PRIMITIVES) and (m, t) not in lookups}
+         for m, edges in g.items() if m != "__lookups__"}
     index, low, stack, on_stack, out = {}, {}, [], set(), []
 
     def visit(v):
@@ -233,16 +272,22 @@ def folder_sizes():
 
 
 def test_readme_reading_guide_is_the_core_with_its_sizes():
+    """README's two reading lists (read first, read second) together are the core, each file
+    once with its line count, and each list's total is its files' sum."""
     listed = {}
-    rows = readme_table("| step | files (lines) |")
-    for step, cell in rows[:-1]:
-        for name, n in re.findall(r"([\w/]+\.py) \((\d+)\)", cell):
-            listed[name] = int(n)
+    for title in ("| read first | files (lines) |", "| read second | files (lines) |"):
+        rows = readme_table(title)
+        part = {}
+        for step, cell in rows[:-1]:
+            for name, n in re.findall(r"([\w/]+\.py) \((\d+)\)", cell):
+                assert name not in listed and name not in part, f"README lists {name} twice"
+                part[name] = int(n)
+        total = int(re.sub(r"\D", "", rows[-1][1]))
+        assert total == sum(part.values()), f"README's {title.split('|')[1].strip()!r} total should be {sum(part.values()):,}"
+        listed.update(part)
     actual = core_files()
     assert listed == actual, ("README's reading guide is out of date: update it to "
                               + ", ".join(f"{k} ({v})" for k, v in actual.items()))
-    total = int(re.sub(r"\D", "", rows[-1][1]))
-    assert total == sum(actual.values()), f"README's reading-guide total should be {sum(actual.values()):,}"
 
 
 def test_readme_size_table_is_the_tree():
@@ -255,14 +300,20 @@ def test_readme_size_table_is_the_tree():
 def infrastructure_imports(g):
     """['module:line imports target'] where the core or beyond/ imports what it must not."""
     bad = []
+    lookups = g.get("__lookups__", set())
     for name, edges in g.items():
+        if name == "__lookups__":
+            continue
         core = name in ("nanospa",) or (name.count(".") == 1 and name.startswith("nanospa.")
                                         and not any(name.startswith(i) for i in INFRASTRUCTURE + ("nanospa.beyond",))) \
-            or (name.startswith(SIGNAL) and name != SIGNAL_CLI)
-        beyond = name.startswith("nanospa.beyond")
+            or (name.startswith(SIGNAL) and name != SIGNAL_CLI and not is_extension(name))
+        beyond = name.startswith("nanospa.beyond") or (name.startswith(SIGNAL) and is_extension(name))
         for target, line in edges.items():
             infra = any(target == i or target.startswith(i + ".") for i in INFRASTRUCTURE)
-            if core and (infra or (target.startswith("nanospa.beyond") and name not in ("nanospa.model", "nanospa.config"))):
+            by_name = (name, target) in lookups and name in ("nanospa.model", "nanospa.config")
+            static_extension = is_extension(target) and not by_name and not (
+                name.startswith(SIGNAL) and target.startswith("nanospa.signal.beyond") and (name, target) in lookups)
+            if core and (infra or static_extension):
                 bad.append(f"{FILES[name].relative_to(ROOT)}:{line} imports {target}")
             if beyond and infra and target != "nanospa.run.threads":
                 bad.append(f"{FILES[name].relative_to(ROOT)}:{line} imports {target}")
@@ -277,6 +328,8 @@ def test_the_core_never_imports_the_infrastructure():
 @pytest.mark.parametrize("name, statement", [
     ("nanospa.tensor", "from .run import threads\n"),                 # threads in the engine
     ("nanospa.optim", "def f():\n    from .beyond import kfac\n"),   # an optimiser beyond, from the core
+    ("nanospa.model", "from .beyond import norms\n"),              # an extension imported, not looked up
+    ("nanospa.signal.maps", "from .beyond import norm_maps\n"),
     ("nanospa.model", "from .run.step import train_step\n"),
     ("nanospa.beyond.kfac", "from ..run.distributed import World\n"),
 ])
@@ -285,9 +338,34 @@ def test_a_planted_infrastructure_import_is_caught(name, statement):
     assert infrastructure_imports(graph(planted(name, source)))
 
 
+def test_the_paper_model_loads_no_extension():
+    """Building the default model (vanilla E-SPA), a step of training and its predictions at
+    init, in a fresh process: not one module of nanospa/beyond/ or nanospa/signal/beyond/ is
+    loaded. A configuration naming an extension loads it (the check can see one)."""
+    import subprocess
+    import sys
+    code = """
+import sys, numpy as np
+from nanospa import GPT, GPTConfig
+from nanospa.optim import AdamW
+from nanospa.predict import predict_kernels
+cfg = GPTConfig(vocab_size=64, block_size=32, n_layer=4, n_head=2, n_embd=32{extra})
+m = GPT(cfg)
+_, loss = m(np.zeros((2, 32), dtype=np.int64), np.ones((2, 32), dtype=np.int64)); loss.backward()
+AdamW(m.parameters()).step()
+predict_kernels(cfg, plan=m.plan)
+print(' '.join(sorted(k for k in sys.modules if k.startswith('nanospa') and 'beyond' in k)))"""
+    run = lambda extra: subprocess.run([sys.executable, "-c", code.format(extra=extra)], cwd=ROOT, capture_output=True,  # noqa: E731
+                                       text=True, check=True).stdout.strip()
+    assert run("") == ""
+    for paper in (", attention='uspa', residual='standard', norm='layernorm', pos='learned'",
+                  ", attention='value_skipinit', residual='normalised', norm='rmsnorm', pos='sinusoidal'"):
+        assert run(paper) == ""
+    assert "nanospa.beyond.norms" in run(", residual='standard', norm='dyt'").split()
+
+
 def test_every_module_opens_with_a_docstring():
-    missing = [str(p.relative_to(ROOT)) for p in FILES.values()
-               if ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) is None]
+    missing = [str(p.relative_to(ROOT)) for name, p in FILES.items() if ast.get_docstring(parsed(name)) is None]
     assert not missing, f"modules without a docstring: {missing}"
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from nanospa.run import threads as cpu
 from nanospa import GPT, fused
-from nanospa.beyond.blockwise import (AUTO_BLOCK, AUTO_DENSE_MAX_T, BlockwiseAttention, block_size,
-                               causal_attention, implementation)
+from nanospa.beyond.blockwise import AUTO_BLOCK, BlockwiseAttention, block_size, causal_attention
+from nanospa.model import DENSE_MAX_T, evaluation
 from nanospa.gradcheck import check_directions, check_jacobian, tensor64
 from nanospa.signal.attn_bias import bias_block, espa_bias, uspa_bias
 from nanospa.tensor import Tensor
@@ -167,12 +167,13 @@ def test_saves_O_BHTD_and_skips_blocks_above_the_diagonal():
 def test_block_size_and_implementation_choice():
     assert block_size(100, 0) == min(100, AUTO_BLOCK) and block_size(5000, 0) == AUTO_BLOCK
     assert block_size(100, 7) == 7
-    impl = lambda i, T: implementation(SimpleNamespace(attention_impl=i, block_size=T, residual_attention=False))  # noqa: E731
-    assert impl("auto", AUTO_DENSE_MAX_T) == "dense"
-    assert impl("auto", AUTO_DENSE_MAX_T + 1) == "blockwise"
+    impl = lambda i, T: "blockwise" if getattr(evaluation(SimpleNamespace(  # noqa: E731
+        attention_impl=i, block_size=T, residual_attention=False, attention_block=0)), "by_blocks", False) else "dense"
+    assert impl("auto", DENSE_MAX_T) == "dense"
+    assert impl("auto", DENSE_MAX_T + 1) == "blockwise"
     assert impl("dense", 10 ** 6) == "dense" and impl("blockwise", 4) == "blockwise"
     with pytest.raises(ValueError, match="attention_impl"):
-        impl("flash", 8)
+        tiny_config(attention_impl="flash")
 
 
 # ---------------------------------------------------------------- whole models
@@ -204,7 +205,7 @@ def test_blockwise_model_equals_dense_model(case):
         loss.backward()
         losses.append(loss.item())
         grads.append({n: p.grad for n, p in m.named_parameters()})
-    assert models[1].blocks[0].attn.impl == "blockwise"
+    assert models[1].blocks[0].attn.evaluate.by_blocks
     assert losses[0] == pytest.approx(losses[1], rel=1e-10, abs=1e-10)
     assert grads[0].keys() == grads[1].keys()
     for n in grads[0]:
@@ -229,7 +230,7 @@ def test_blockwise_model_keeps_O_T_bias_state_and_its_state_dict_round_trips():
     state = a.state_dict()
     assert not any(k.endswith("attn.B") for k in state) and state["blocks.1.attn.D"].shape == (T,)
     for block in a.blocks:
-        parts = block.attn.bias_parts
+        parts = block.attn.parts
         assert max(x.size for x in parts.values() if isinstance(x, np.ndarray)) < 2 * T
     assert max(x.size for x in state.values()) < T * 64
     b = GPT(cfg, seed=5)

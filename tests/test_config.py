@@ -5,9 +5,10 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-from nanospa.config import (ATTENTIONS, BASE_ACTIVATIONS, DTYPES, NORM_POSITIONS, NORMS, RESIDUALS,
-                            GPTConfig)
-from nanospa.signal import BUDGETS, POSITIONS
+from nanospa.config import BASE_ACTIVATIONS, DTYPES, NORM_POSITIONS, GPTConfig, values
+from nanospa.signal import BUDGETS
+
+ATTENTIONS, RESIDUALS, NORMS, POSITIONS = (values(f) for f in ("attention", "residual", "norm", "pos"))
 
 
 @pytest.mark.parametrize("field,value,message", [

@@ -323,3 +323,34 @@ def test_train_py_indivisible_batch_is_one_line_on_every_rank(tmp_path):
     assert p.returncode == 2
     lines = [l for l in p.stderr.splitlines() if l.strip()]
     assert lines and all(l.startswith("error:") for l in lines) and "batch_size" in p.stderr
+
+
+@needs_mpi
+def test_a_signal_stops_train_py_on_every_rank_and_the_resumed_run_is_the_whole_one(tmp_path):
+    """mpiexec -n 2 python train.py and Ctrl-C: every rank stops after the same step (each asks
+    the others before every step: a collective), the state is saved once and said once
+    (status 130), and the run resumed on two ranks is the uninterrupted one, record for record."""
+    out, whole = tmp_path / "out", tmp_path / "whole"
+    long = ["--max_iters=100000", "--lr_decay_iters=100000", "--eval_interval=100000",
+            "--checkpoint_interval=100000"]
+    cmd = [MPIEXEC, "-n", "2", sys.executable, *TRAIN, f"--out_dir={out}", *long]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        log, deadline = out / "log.jsonl", time.monotonic() + FAULT_BOUND_S
+        while time.monotonic() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 4):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=FAULT_BOUND_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert err.count("SIGINT: stopped at iter") == 1 and "Traceback" not in err
+    k = json.loads(str(np.load(out / "ckpt.npz")["state"]))["iter"]
+    assert k >= 3 and max(json.loads(line)["iter"] for line in log.read_text().splitlines()) == k
+    for args in ((out, "--init_from=resume"), (whole,)):
+        p = run_train(2, args[0], *long[1:], f"--max_iters={k + 2}", *args[1:])
+        assert p.returncode == 0, p.stderr[-3000:]
+    records = lambda folder: [{key: v for key, v in json.loads(line).items() if key != "tokens_per_s"}
+                              for line in (folder / "log.jsonl").read_text().splitlines()]
+    assert records(out) == records(whole)

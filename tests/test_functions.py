@@ -3,7 +3,8 @@
 Every op against float64 central differences (full Jacobian, random upstream gradient),
 float32 in -> float32 out (values and gradients), the Shaped fast path (TAT's leaky ReLU
 as one select and one product) against the definition s (phi(a x + b) + o), and the
-leaky-ReLU slope as a required argument.
+leaky-ReLU slope as a required argument. (Shaped against signal's float64 phi_hat, for every
+activation and transform: tests/test_activations.py.)
 """
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from conftest import assert_full_jacobian, assert_keeps_float32
 from nanospa import Tensor
 from nanospa import functions as F
 from nanospa.gradcheck import check_jacobian
+from nanospa.signal.activations import PhiHat
 
 R = np.random.default_rng(0)
 
@@ -30,6 +32,12 @@ def positive(*shape):
 
 
 COND = R.standard_normal((3, 4)) > 0
+
+
+def shaped(t, base, **kw):
+    """functions.Shaped of PhiHat(base, **kw) on the Tensor t."""
+    return F.Shaped.apply(t, phi_hat=PhiHat(base, **kw))
+
 
 # name -> (function of Tensors, input arrays)
 OPS = {
@@ -54,19 +62,17 @@ OPS = {
     "elu": (lambda a: a.elu(), [away_from_zero(3, 4)]),
     "swish": (lambda a: a.swish(), [normal(3, 4) * 2]),
     "where": (lambda a, b: F.where(COND, a, b), [normal(3, 4), normal(4)]),
-    "masked_fill": (lambda a: F.masked_fill(a, COND, -7.0), [normal(3, 4)]),
-    "shaped_lrelu": (lambda a: F.Shaped.apply(a, base="leaky_relu", s=1.3, slope=0.35), [away_from_zero(3, 4)]),
-    "shaped_lrelu_shifted": (lambda a: F.Shaped.apply(a, base="leaky_relu", a=0.9, b=0.05, s=1.1, slope=0.2),
+    "shaped_lrelu": (lambda a: shaped(a, "leaky_relu", s=1.3, negative_slope=0.35), [away_from_zero(3, 4)]),
+    "shaped_lrelu_shifted": (lambda a: shaped(a, "leaky_relu", a=0.9, b=0.05, s=1.1, negative_slope=0.2),
                              [away_from_zero(3, 4)]),
-    "shaped_gelu": (lambda a: F.Shaped.apply(a, base="gelu", a=0.8, b=0.3, s=1.7, o=-0.2), [normal(3, 4)]),
-    "shaped_gelu_exact": (lambda a: F.Shaped.apply(a, base="gelu_exact", a=1.1, s=0.9), [normal(3, 4)]),
-    "shaped_tanh": (lambda a: F.Shaped.apply(a, base="tanh", a=0.5, b=-0.1, s=2.0, o=0.1), [normal(3, 4)]),
-    "shaped_sigmoid": (lambda a: F.Shaped.apply(a, base="sigmoid", a=1.5, s=3.0, o=-0.5), [normal(3, 4)]),
-    "shaped_relu": (lambda a: F.Shaped.apply(a, base="relu", s=1.4), [away_from_zero(3, 4)]),
-    "shaped_linear": (lambda a: F.Shaped.apply(a, base="linear", a=0.6, b=0.2, s=1.5, o=-0.3), [normal(3, 4)]),
-    "shaped_softplus_elu_swish": (lambda a: F.Shaped.apply(a, base="softplus", a=0.7)
-                                  + F.Shaped.apply(a, base="elu", s=1.2, b=0.05)
-                                  + F.Shaped.apply(a, base="swish", a=1.3, o=0.2), [away_from_zero(3, 4)]),
+    "shaped_gelu": (lambda a: shaped(a, "gelu", a=0.8, b=0.3, s=1.7, o=-0.2), [normal(3, 4)]),
+    "shaped_gelu_exact": (lambda a: shaped(a, "gelu_exact", a=1.1, s=0.9), [normal(3, 4)]),
+    "shaped_tanh": (lambda a: shaped(a, "tanh", a=0.5, b=-0.1, s=2.0, o=0.1), [normal(3, 4)]),
+    "shaped_sigmoid": (lambda a: shaped(a, "sigmoid", a=1.5, s=3.0, o=-0.5), [normal(3, 4)]),
+    "shaped_relu": (lambda a: shaped(a, "relu", s=1.4), [away_from_zero(3, 4)]),
+    "shaped_linear": (lambda a: shaped(a, "linear", a=0.6, b=0.2, s=1.5, o=-0.3), [normal(3, 4)]),
+    "shaped_softplus_elu_swish": (lambda a: shaped(a, "softplus", a=0.7) + shaped(a, "elu", s=1.2, b=0.05)
+                                  + shaped(a, "swish", a=1.3, o=0.2), [away_from_zero(3, 4)]),
 }
 
 
@@ -80,25 +86,26 @@ def test_op_float32_in_float32_out(name):
     assert_keeps_float32(name, *OPS[name])
 
 
-@pytest.mark.parametrize("base,opts", [("leaky_relu", dict(a=0.7, s=1.3, o=0.2, slope=0.3)),
+@pytest.mark.parametrize("base,opts", [("leaky_relu", dict(a=0.7, s=1.3, o=0.2, negative_slope=0.3)),
                                        ("relu", dict(a=2.5, s=-0.8, o=-0.1))])
 def test_shaped_fast_path_is_the_shaped_activation(base, opts):
     """s (phi(a x) + o) for positively homogeneous phi, a > 0 (the fast path), against the
     definition, and its full Jacobian."""
     x = away_from_zero(4, 5)
-    slope = opts.get("slope", 0.0)
+    slope = opts.get("negative_slope", 0.0)
     u = opts["a"] * x
     expected = opts["s"] * (np.where(u > 0, u, slope * u) + opts["o"])
-    y = F.Shaped.apply(Tensor(x), base=base, **opts).data
+    assert PhiHat(base, **opts).homogeneous
+    y = shaped(Tensor(x), base, **opts).data
     np.testing.assert_allclose(y, expected, rtol=1e-14)
-    assert check_jacobian(lambda t: F.Shaped.apply(t, base=base, **opts),
-                          [Tensor(x, requires_grad=True)], rtol=1e-6) < 1e-6
+    assert check_jacobian(lambda t: shaped(t, base, **opts), [Tensor(x, requires_grad=True)], rtol=1e-6) < 1e-6
 
 
 def test_shaped_generic_path_still_used_with_a_shift():
     """b != 0 takes the generic path (phi(a x + b) is not a phi(x)); same definition."""
     x = away_from_zero(3, 4)
-    y = F.Shaped.apply(Tensor(x), base="leaky_relu", a=0.9, b=0.05, s=1.1, slope=0.2).data
+    assert not PhiHat("leaky_relu", a=0.9, b=0.05, negative_slope=0.2).homogeneous
+    y = shaped(Tensor(x), "leaky_relu", a=0.9, b=0.05, s=1.1, negative_slope=0.2).data
     u = 0.9 * x + 0.05
     np.testing.assert_allclose(y, 1.1 * np.where(u > 0, u, 0.2 * u), rtol=1e-14)
 
@@ -109,6 +116,6 @@ def test_leaky_relu_slope_is_required():
     with pytest.raises(TypeError, match="slope"):
         x.leaky_relu()
     with pytest.raises(ValueError, match="a slope is needed for 'leaky_relu' and only there"):
-        F.Shaped.apply(x, base="leaky_relu", s=1.3)
+        shaped(x, "leaky_relu", s=1.3)
     with pytest.raises(ValueError, match="a slope is needed for 'leaky_relu' and only there"):
-        F.Shaped.apply(x, base="tanh", slope=0.2)
+        shaped(x, "tanh", negative_slope=0.2)

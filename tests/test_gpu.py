@@ -20,12 +20,12 @@ import pytest
 from conftest import standin_module
 from nanospa import GPT, GPTConfig, Tensor, backend
 from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, make_optimizer
-from nanospa.config import ATTENTIONS, NORMS, RESIDUALS
+from nanospa.config import values
+ATTENTIONS, NORMS, RESIDUALS, POSITIONS = values("attention"), values("norm"), values("residual"), values("pos")
 from nanospa.model import Block
 from nanospa.optim import AdamW
 from nanospa.run import threads
 from nanospa.run.step import train_step
-from nanospa.signal import POSITIONS
 
 import test_functions
 import test_fused

@@ -153,7 +153,7 @@ SHRINK = {"train.py": ["--max_iters=2", "--n_layer=2", "--n_embd=16", "--n_head=
                        "--batch_size=2", "--eval_iters=1", "--sample_tokens=0", "--warmup_iters=1"],
           "sample.py": ["--max_new_tokens=4", "--num_samples=1"],
           "nanospa.bench": ["--config=tiny", "--steps=1", "--warmup=1", "--torch=no", "--gemm_n=64", "--no_memory=True"],
-          "nanospa.bench.gpu_check": ["--dry_run=True"],
+          "nanospa.bench.gpu_check": ["--dry_run=True", "--stages=parity"],   # every stage: the dry-run test above
           "nanospa.experiments": ["--preset=tiny"]}
 
 

@@ -1,6 +1,6 @@
 """Tests for nanospa/measure.py: token batches, the measured configuration and the kernels
 measured on a real model at init (what nanospa.signal predicts in the wide limit; the
-comparison itself: tests/test_signal_predict.py)."""
+comparison itself: tests/test_predict.py)."""
 import numpy as np
 import pytest
 
@@ -74,7 +74,7 @@ def test_the_first_positions_statistics_are_those_of_the_whole_sequence(kw):
     (O(W^2) memory where the whole (T, T) kernels cost more than the step at long T). The
     model is causal, so the kernels of the first W positions are the top-left block of the
     whole sequence's, measured and predicted alike (the plan is the whole T's)."""
-    from nanospa.signal.table import predicted_kernels
+    from nanospa.predict import predicted_kernels
     cfg = GPTConfig(vocab_size=64, block_size=32, n_layer=3, n_head=2, n_embd=16, dtype="float64", **kw)
     model = GPT(cfg)
     idx = np.random.default_rng(0).integers(0, 64, (3, 32))

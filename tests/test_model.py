@@ -33,7 +33,7 @@ def combos():
     """Every attention x residual x norm x norm_position GPTConfig accepts, from its own lists
     (a value added there is checked here without a test edit); positions learned with a norm."""
     out = []
-    for a, r, n, p in itertools.product(config.ATTENTIONS, config.RESIDUALS, config.NORMS, config.NORM_POSITIONS):
+    for a, r, n, p in itertools.product(config.values("attention"), config.values("residual"), config.values("norm"), config.NORM_POSITIONS):
         if n == "none" and p == "post":
             continue                                      # the same model as pre
         try:
@@ -229,7 +229,7 @@ def test_embeddings_follow_the_input_kernel_variances():
     cfg = tiny(pos="sinusoidal", n_embd=16, block_size=6)
     model = GPT(cfg)
     np.testing.assert_allclose(model.pe, signal.sinusoidal_encoding(6, 16), rtol=1e-15)
-    learned = GPT(tiny(pos="learned", n_embd=512, vocab_size=64))
+    learned = GPT(tiny(pos="learned", n_embd=512, vocab_size=64, n_layer=1))   # the blocks play no part
     # N(0, sigma^2) draws: 64 x 512 entries, sample variance within 5 sqrt(2 / n) (relative)
     n = 64 * 512
     assert np.var(learned.wte.weight.data) == pytest.approx(signal.token_variance("learned"), rel=5 * np.sqrt(2 / n))
@@ -250,20 +250,21 @@ def test_an_edit_of_B_is_seen_by_the_next_call():
     after = model(idx)[0].data
     assert np.abs(after - before).max() > 1e-3
     np.testing.assert_array_equal(after, edited(idx)[0].data)
-    assert GPT(tiny(attention="softmax")).blocks[0].attn.logit_bias(4) is None
+    assert GPT(tiny(attention="softmax")).blocks[0].attn.logit_bias() == (None, None)
 
 
 def test_attention_implementation_follows_the_config():
-    """auto: the dense reference up to attention.AUTO_DENSE_MAX_T positions, blockwise above
-    (a SPA block then keeps B_l's O(T) parts and no (T, T) buffer); dense and blockwise as set."""
-    from nanospa.beyond.blockwise import AUTO_DENSE_MAX_T
-    short, long_ = (GPT(tiny(attention="espa", block_size=T)) for T in (AUTO_DENSE_MAX_T, AUTO_DENSE_MAX_T + 1))
-    assert short.blocks[0].attn.impl == "dense" and short.blocks[0].attn.B.shape == (AUTO_DENSE_MAX_T,) * 2
-    assert long_.blocks[0].attn.impl == "blockwise" and long_.blocks[0].attn.B is None
-    assert long_.blocks[0].attn.bias_parts["kind"] == "espa"
-    forced = GPT(tiny(attention="uspa", attention_impl="dense", block_size=AUTO_DENSE_MAX_T + 1))
-    assert forced.blocks[1].attn.impl == "dense" and forced.blocks[1].attn.bias_parts is None
-    assert GPT(tiny(attention="softmax", attention_impl="blockwise")).blocks[0].attn.impl == "blockwise"
+    """auto: the dense reference up to model.DENSE_MAX_T positions, by blocks above (a SPA
+    block then keeps B_l's O(T) parts and no (T, T) buffer); dense and blockwise as set."""
+    from nanospa.model import DENSE_MAX_T
+    blocks = lambda model, l=0: getattr(model.blocks[l].attn.evaluate, "by_blocks", False)  # noqa: E731
+    short, long_ = (GPT(tiny(attention="espa", block_size=T)) for T in (DENSE_MAX_T, DENSE_MAX_T + 1))
+    assert not blocks(short) and short.blocks[0].attn.B.shape == (DENSE_MAX_T,) * 2
+    assert blocks(long_) and long_.blocks[0].attn.B is None
+    assert long_.blocks[0].attn.parts["kind"] == "espa"
+    forced = GPT(tiny(attention="uspa", attention_impl="dense", block_size=DENSE_MAX_T + 1))
+    assert not blocks(forced, 1) and forced.blocks[1].attn.parts is None
+    assert blocks(GPT(tiny(attention="softmax", attention_impl="blockwise")))
 
 
 def test_after_step_calls_each_module_hook_once_in_module_order():
@@ -279,18 +280,18 @@ def test_after_step_calls_each_module_hook_once_in_module_order():
     assert calls == [0, 1, 0, 1]
 
 
-@pytest.mark.parametrize("attention", config.ATTENTIONS)
+@pytest.mark.parametrize("attention", config.values("attention"))
 @pytest.mark.parametrize("zero_query", [False, True])
 def test_the_model_at_init_is_what_signal_says_each_attention_is(attention, zero_query):
     """The attention matrices a fresh model applies (its trace) are, layer by layer, the one
-    definition of each attention at initialisation (signal.predict.effective_attention); a
-    softmax with random queries has none and is data-dependent."""
-    from nanospa.signal.predict import effective_attention
+    definition of each attention at initialisation (its kind's at_init); a softmax with
+    random queries has none and is data-dependent."""
+    from nanospa.predict import attention_at_init
     cfg = tiny(attention=attention, zero_query=zero_query and attention == "softmax", n_layer=3)
     model = GPT(cfg, seed=0)
     tr = model.trace(IDX)
     for l in range(1, cfg.n_layer + 1):
-        A = effective_attention(cfg, model.plan, l, IDX.shape[1])
+        A = attention_at_init(cfg, model.plan, l, IDX.shape[1])[0]
         if A is None:
             assert attention == "softmax" and not cfg.zero_query
             continue
@@ -338,3 +339,28 @@ def test_generate_checks_its_settings():
         with pytest.raises(ValueError, match=f"^generate: {name}"):
             model.generate(x, **kw)
     assert model.generate(x, max_new_tokens=3, top_k=1).shape == (1, 5)
+
+
+def test_a_plan_written_by_hand_builds_the_model_without_the_budget(monkeypatch):
+    """The plan is plain data: a Plan written out by hand (an E-SPA gamma schedule, TAT leaky
+    ReLU with eta = 0.5) builds the model with the kernel budget never called, and each block
+    applies at init the A_l = diag(D_l) softmax(B_l) of that schedule."""
+    from nanospa.signal import budget
+    from nanospa.signal.plan import Plan
+    L, T = 3, 8
+    plan = Plan(policy="by hand", kind="espa", n_layer=L, block_size=T,
+                schedule=(np.inf,) + tuple(signal.espa_gammas(L, 0.2)[1:]),
+                activation=dict(activation="leaky_relu", method="tat", depth=L, eta=0.5))
+
+    def no_budget(*a, **k):
+        raise AssertionError("the kernel budget ran")
+    monkeypatch.setattr(budget, "make_plan", no_budget)
+    monkeypatch.setattr(signal, "make_plan", no_budget)
+    model = GPT(GPTConfig(vocab_size=16, block_size=T, n_layer=L, n_head=2, n_embd=16, dtype="float64"),
+                plan=plan)
+    attention = model.trace(np.arange(T)[None]).attention
+    for l in range(1, L + 1):
+        A = signal.realise(*signal.dense_layer_bias(plan, l, T))
+        assert np.abs(attention[l - 1][0] - A).max() < 1e-12
+    assert model.activation.params["negative_slope"] > 0.1     # eta = 0.5 at depth 3: a real leaky ReLU
+    assert "by hand" in str(model.plan) and "eta=0.5" in str(model.plan)

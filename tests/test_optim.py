@@ -1,9 +1,9 @@
 """nanospa/optim.py: AdamW against its formula, no_decay and the optimiser state dict,
-SGD with momentum, global-norm clipping, the warm-up + cosine schedule."""
+global-norm clipping, the warm-up + cosine schedule."""
 import numpy as np
 import pytest
 
-from nanospa import AdamW, SGD
+from nanospa import AdamW
 from nanospa import nn
 from nanospa.optim import clip_grad_norm, cosine_lr, global_grad_norm
 
@@ -35,15 +35,6 @@ def test_adamw_no_decay_and_state_roundtrip():
     opt2 = AdamW([p], lr=0.1)
     opt2.load_state_dict(sd)
     assert opt2.t == 1 and np.array_equal(opt2.v[0], opt.v[0])
-
-
-def test_sgd_momentum():
-    p = nn.Parameter(np.array([1.0]), dtype="float64")
-    opt = SGD([p], lr=0.1, momentum=0.9)
-    for _ in range(2):
-        p.grad = np.array([1.0])
-        opt.step()
-    np.testing.assert_allclose(p.data, [1.0 - 0.1 * 1.0 - 0.1 * 1.9])
 
 
 def test_clip_grad_norm():

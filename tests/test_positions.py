@@ -1,6 +1,6 @@
 """Tests for the positions that act in attention (docs/positions.md): nanospa/beyond/positions.py
 (the RoPE op, ALiBi and fixed-bias blocks), nanospa/signal/beyond/positions.py (slopes, angles,
-the SPA prior's model) and their use in model.py and attention.py: float64 gradient checks
+the SPA prior's model) and their use in model.py and beyond/positions.py: float64 gradient checks
 of the op and of models with every attention, residual and norm variant, the dense and
 blockwise paths against each other, the SPA prior's B_l against E-SPA's own, and the
 attention matrices and kernels at init against nanospa.signal's predictions."""
@@ -11,18 +11,19 @@ import pytest
 
 from nanospa import GPT, GPTConfig, config, signal
 from nanospa.gradcheck import check_directions, check_jacobian, tensor64
-from nanospa.beyond.positions import Rope, fixed_bias, rope, rope_tables
+from nanospa.beyond.positions import AlibiHook, Rope, rope
 from nanospa.signal import kernels
 from nanospa.signal.attn_bias import bias_block, dense_layer_bias, espa_bias, realise
 from nanospa.signal.inputs import input_kernel, token_variance
 from nanospa.signal.maps import attention_map, softmax_attention_map
-from nanospa.signal.beyond.positions import (alibi_bias, alibi_slopes, logit_bias, rope_angles, rope_correlation,
+from nanospa.model import variant
+from nanospa.predict import attention_at_init, predict_kernels
+from nanospa.signal.beyond.positions import (alibi_bias, alibi_slopes, rope_angles, rope_correlation,
                                       rope_frequencies, spa_prior_config)
-from nanospa.signal.predict import effective_attention, predict_kernels
 from nanospa.tensor import Tensor
 
 from conftest import perturbed_model, tiny_config
-from test_signal_predict import max_errors, q_tol, tol, wide
+from test_predict import max_errors, q_tol, tol, wide
 
 LOGIT_POSITIONS = ("alibi", "rope", "spa_prior")
 IDX = np.random.default_rng(7).integers(0, 13, (2, 8))
@@ -43,21 +44,20 @@ def test_alibi_slopes_are_the_published_ones():
         alibi_slopes(0)
 
 
-def test_alibi_bias_blocks_and_fixed_bias():
-    """-m_h (i - j) for any block; fixed_bias without slopes is bias_block bit for bit, with
-    them the float64 sum rounded once."""
+def test_alibi_bias_blocks_and_the_hook():
+    """-m_h (i - j) for any block; ALiBi's hook adds it to another fixed bias's blocks (SPA's
+    B_l by blocks) in float64, rounded once, and alone it is the bias itself."""
     m = alibi_slopes(4)
     full = alibi_bias(m, 0, 9, 0, 9)
     i, j = np.arange(9)[:, None], np.arange(9)[None, :]
     np.testing.assert_array_equal(full, -m[:, None, None] * (i - j))
     np.testing.assert_array_equal(alibi_bias(m, 3, 7, 2, 5), full[:, 3:7, 2:5])
     parts = espa_bias(9, 0.1, 0.3)
-    np.testing.assert_array_equal(fixed_bias(parts, None, 2, 9, 0, 4, np.float32),
-                                  bias_block(parts, 2, 9, 0, 4, np.float32))
-    both = fixed_bias(parts, m, 2, 9, 0, 4, np.float32)
+    spa = lambda i0, i1, j0, j1, dtype: bias_block(parts, i0, i1, j0, j1, dtype)  # noqa: E731
+    both = AlibiHook(m).bias((None, spa))[1](2, 9, 0, 4, np.float32)
     assert both.shape == (4, 7, 4) and both.dtype == np.float32
     np.testing.assert_array_equal(both, (bias_block(parts, 2, 9, 0, 4) + full[:, 2:9, 0:4]).astype(np.float32))
-    np.testing.assert_array_equal(fixed_bias(None, m, 1, 3, 0, 3, np.float64), full[:, 1:3, :3])
+    np.testing.assert_array_equal(AlibiHook(m).bias((None, None))[1](1, 3, 0, 3, np.float64), full[:, 1:3, :3])
 
 
 # ---------------------------------------------------------------- the RoPE op
@@ -101,10 +101,10 @@ def test_rope_pairs_angles_and_relative_logits():
 
 
 def test_rope_tables_are_shared_and_follow_the_dtype():
-    a = rope_tables(tiny_config(pos="rope"))
-    assert a is rope_tables(tiny_config(pos="rope", n_layer=5)) and a[0].shape == (8, 2)
-    assert rope_tables(tiny_config(pos="rope", dtype="float32"))[0].dtype == np.float32
-    assert rope_tables(tiny_config(pos="alibi")) is None
+    tables = lambda cfg: GPT(cfg).position.tables  # noqa: E731
+    a = tables(tiny_config(pos="rope"))
+    assert a is tables(tiny_config(pos="rope", n_layer=5)) and a[0].shape == (8, 2)
+    assert tables(tiny_config(pos="rope", dtype="float32"))[0].dtype == np.float32
 
 
 # ---------------------------------------------------------------- configuration
@@ -120,8 +120,9 @@ def test_config_checks_the_positions():
         GPTConfig(pos="rotary")
     for pos in LOGIT_POSITIONS:                                    # nothing is added to the embedding
         assert token_variance(pos) == 1.0
-        np.testing.assert_array_equal(input_kernel(np.array([0, 1, 0]), pos=pos), input_kernel(np.array([0, 1, 0])))
         model = GPT(tiny_config(attention="softmax", pos=pos), seed=0)
+        np.testing.assert_array_equal(variant("pos", pos).at_init(model.config, tokens=np.array([0, 1, 0])),
+                                      input_kernel(np.array([0, 1, 0])))
         assert model.wpe is None and not any(k in model.state_dict() for k in ("pe", "wpe.weight"))
 
 
@@ -132,7 +133,7 @@ def variants():
     position (a combination it refuses, such as spa_prior with SPA attention, is skipped):
     read from config, so that variants added later are covered too."""
     out = []
-    for a, r, n, p, pos in itertools.product(config.ATTENTIONS, config.RESIDUALS, config.NORMS,
+    for a, r, n, p, pos in itertools.product(config.values("attention"), config.values("residual"), config.values("norm"),
                                              config.NORM_POSITIONS, LOGIT_POSITIONS):
         if n == "none" and p == "post":
             continue
@@ -165,7 +166,7 @@ def test_blockwise_model_equals_dense_model(case):
     whether attention runs densely or by blocks of 3 (not dividing T = 8)."""
     models = [perturbed_model(tiny_config(attention_impl=impl, attention_block=3, activation="gelu", **case))
               for impl in ("dense", "blockwise")]
-    assert models[1].blocks[0].attn.impl == "blockwise"
+    assert models[1].blocks[0].attn.evaluate.by_blocks
     losses, grads = [], []
     for m in models:
         _, loss = m(IDX, TARGETS)
@@ -206,8 +207,8 @@ def test_the_prior_is_the_vanilla_espa_models_bias_bit_for_bit(budget):
     blockwise = GPT(GPTConfig(**pre, attention_impl="blockwise"), seed=0)
     ref = GPT(GPTConfig(**common, attention_impl="blockwise"), seed=0)
     for a, b in zip(blockwise.blocks, ref.blocks):
-        for key, value in b.attn.bias_parts.items():
-            np.testing.assert_array_equal(a.attn.bias_parts[key], value)
+        for key, value in b.attn.parts.items():
+            np.testing.assert_array_equal(a.attn.parts[key], value)
     assert prior.plan.info["spa_prior_gamma_final"] == espa.plan.info["gamma_final"]
 
 
@@ -230,12 +231,12 @@ def test_attention_at_init_is_the_predicted_fixed_matrix(case):
     """With W^Q = 0 the logits are the fixed bias alone: softmax of ALiBi (one matrix per
     head), of the prior's B_l, diag(D_l) softmax(B_l + ALiBi) for SPA; RoPE rotates zero
     queries and leaves the uniform (or SPA) matrix. The model's trace equals
-    signal.predict.effective_attention to rounding, head by head."""
+    predict.attention_at_init to rounding, head by head."""
     cfg = tiny_config(n_head=4, n_embd=16, block_size=8, activation="gelu", **case)
     model = GPT(cfg, seed=0)
     tr = model.trace(IDX)
     for l in range(1, cfg.n_layer + 1):
-        A = effective_attention(cfg, model.plan, l, 8)
+        A = attention_at_init(cfg, model.plan, l, 8)[0]
         heads = A if A.ndim == 3 else np.broadcast_to(A, (4, 8, 8))
         np.testing.assert_allclose(tr.attention[l - 1], np.broadcast_to(heads, (2, 4, 8, 8)), rtol=0, atol=1e-13)
     if case["pos"] == "rope" and case["attention"] == "softmax":
@@ -248,18 +249,20 @@ def test_attention_at_init_is_the_predicted_fixed_matrix(case):
 
 
 def test_logit_bias_and_the_per_head_kernel_map():
-    """signal.positions.logit_bias: SPA's or the prior's B_l plus ALiBi per head; the kernel
-    map of per-head matrices is the mean over heads, and the zero-sample mean field of a
-    biased softmax is that map of softmax(bias)."""
+    """The position schemes' fixed logits at init: ALiBi per head, the prior's B_l, none for
+    RoPE; SPA adds its own B_l to them (its at_init); the kernel map of per-head matrices is
+    the mean over heads, and the zero-sample mean field of a biased softmax is that map of
+    softmax(bias)."""
+    logits = lambda c, l: variant("pos", c.pos).logit_bias_at_init(c, signal.make_plan(c), l, 6)  # noqa: E731
     cfg = GPTConfig(block_size=6, n_layer=2, n_head=2, n_embd=8, attention="espa", pos="alibi", activation="gelu")
     plan = signal.make_plan(cfg)
-    B = logit_bias(cfg, plan, 2, 6)
-    np.testing.assert_array_equal(B, dense_layer_bias(plan, 2, 6)[0] + alibi_bias(alibi_slopes(2), 0, 6, 0, 6))
+    np.testing.assert_array_equal(logits(cfg, 2), alibi_bias(alibi_slopes(2), 0, 6, 0, 6))
+    B = dense_layer_bias(plan, 2, 6)[0] + alibi_bias(alibi_slopes(2), 0, 6, 0, 6)
+    np.testing.assert_array_equal(attention_at_init(cfg, plan, 2, 6)[0], realise(B, dense_layer_bias(plan, 2, 6)[1]))
     pre = GPTConfig(**{**cfg.to_dict(), "attention": "softmax", "pos": "spa_prior"})
-    np.testing.assert_array_equal(logit_bias(pre, signal.make_plan(pre), 1, 6),
-                                  dense_layer_bias(signal.make_plan(spa_prior_config(pre)), 1, 6)[0])
+    np.testing.assert_array_equal(logits(pre, 1), dense_layer_bias(signal.make_plan(spa_prior_config(pre)), 1, 6)[0])
     rot = GPTConfig(**{**pre.to_dict(), "pos": "rope"})
-    assert logit_bias(rot, signal.make_plan(rot), 1, 6) is None
+    assert logits(rot, 1) is None
     rng = np.random.default_rng(2)
     X = rng.standard_normal((6, 6))
     S = X @ X.T / 6
@@ -313,6 +316,7 @@ def test_prediction_notes_and_unchanged_plain_mean_field():
 
 # ---------------------------------------------------------------- at init: kernels of wide models
 
+@pytest.mark.slow    # a wide-network test, as tests/test_predict.py's (pytest.ini)
 @pytest.mark.parametrize("extra", [
     dict(attention="softmax", zero_query=True, pos="alibi", residual="standard", norm="layernorm", activation="gelu"),
     dict(attention="softmax", zero_query=True, pos="spa_prior", residual="standard", norm="layernorm",
@@ -320,7 +324,7 @@ def test_prediction_notes_and_unchanged_plain_mean_field():
     dict(attention="espa", pos="alibi", kernel_budget="independent", gamma_final=0.02, eta=0.6)],
     ids=["preln-alibi", "preln-spa_prior", "espa-alibi"])
 def test_predicted_kernels_match_a_wide_network(extra):
-    """Width 512 (the tolerances of tests/test_signal_predict.py, d^-1/2 laws): the kernels
+    """Width 512 (the tolerances of tests/test_predict.py, d^-1/2 laws): the kernels
     after every attention branch and block of a wide random model at init are the predicted
     ones (ALiBi's per-head matrices averaged over the 4 heads, the prior's softmax(B_l))."""
     width = 512
@@ -331,7 +335,7 @@ def test_predicted_kernels_match_a_wide_network(extra):
 
 def test_rope_with_zero_queries_changes_nothing_at_init():
     """Predicted: the kernels of pos="rope" with W^Q = 0 are those without positions, exactly
-    (tests/test_signal_predict.py checks those against a wide network); the model's outputs
+    (tests/test_predict.py checks those against a wide network); the model's outputs
     at init are those of the same weights without RoPE, to rounding."""
     base = dict(block_size=8, n_layer=3, n_head=2, n_embd=16, attention="softmax", zero_query=True,
                 residual="standard", norm="layernorm", activation="gelu", vocab_size=13, dtype="float64")
@@ -345,7 +349,7 @@ def test_rope_with_zero_queries_changes_nothing_at_init():
 def test_the_signal_tables_attention_only_network_sees_the_logit_positions():
     """python -m nanospa.signal's attn-only column: the zero-query attention matrices, with
     ALiBi's per head averaged (the same as predict's with zero_query=True); RoPE: uniform."""
-    from nanospa.signal.table import attention_only_kernels
+    from nanospa.predict import attention_only_kernels
     for pos in LOGIT_POSITIONS:
         cfg = GPTConfig(block_size=8, n_layer=3, n_head=4, n_embd=16, attention="softmax", pos=pos,
                         activation="gelu")
@@ -353,7 +357,7 @@ def test_the_signal_tables_attention_only_network_sees_the_logit_positions():
         plan = signal.make_plan(zq)
         S = np.eye(8)
         for l, K in enumerate(attention_only_kernels(cfg)[1:], start=1):
-            S = attention_map(S, effective_attention(zq, plan, l, 8))
+            S = attention_map(S, attention_at_init(zq, plan, l, 8)[0])
             np.testing.assert_allclose(K, S, rtol=1e-13, atol=1e-15)
         if pos == "rope":
             P = kernels.uniform_causal_attention(8)

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from nanospa.model import dense_bias
 from nanospa import GPT, GPTConfig, fused
 from nanospa.gradcheck import check_directions
 from nanospa.signal.beyond.residuals import deepnorm_alpha, deepnorm_beta
@@ -66,8 +67,8 @@ def test_accepted_combinations():
 
 def test_realformer_is_dense_even_where_auto_would_choose_blockwise():
     cfg = tiny(block_size=300, residual_attention=True, n_layer=1, vocab_size=8)
-    assert GPT(cfg).blocks[0].attn.impl == "dense"
-    assert GPT(tiny(block_size=300, n_layer=1, vocab_size=8)).blocks[0].attn.impl == "blockwise"
+    assert not getattr(GPT(cfg).blocks[0].attn.evaluate, "by_blocks", False)
+    assert GPT(tiny(block_size=300, n_layer=1, vocab_size=8)).blocks[0].attn.evaluate.by_blocks
 
 
 # ------------------------------------------------------------------ DeepNorm
@@ -130,7 +131,7 @@ def scores_of(model, idx, layer):
         carry = {} if model.config.residual_attention else None
         for block in model.blocks[:layer]:
             x = block(x, None, carry)
-        if model.blocks[layer].norm1 is not None and model.blocks[layer].position == "pre":
+        if model.blocks[layer].norm1 is not None and not model.blocks[layer].post:
             x = model.blocks[layer].norm1(x)
         B, _, C = x.shape
         H, D = attn.n_head, C // attn.n_head
@@ -165,14 +166,14 @@ def test_realformer_second_layer_adds_the_first_layers_content_scores(attention)
     model = GPT(cfg)
     perturb(model, 0.5, seed=3)                                  # W^Q != 0, alpha, beta moved
     S = scores_of(model, IDX, 0) + scores_of(model, IDX, 1)
-    bias, causal = model.blocks[1].attn.logit_bias(IDX.shape[1]), True
+    bias, causal = dense_bias(model.blocks[1].attn.logit_bias(), IDX.shape[1], np.float64), True
     P = fused.softmax(Tensor(S), bias, causal=causal).data
     tr = model.trace(IDX)
     A = tr.attention[1]                                          # effective: diag(D) P, alpha I + beta P
-    expected = model.blocks[1].attn.effective_attention(P, IDX.shape[1])
+    expected = model.blocks[1].attn.effective(P)
     np.testing.assert_allclose(A, expected, rtol=1e-12, atol=1e-14)
     plain = fused.softmax(Tensor(scores_of(model, IDX, 1)), bias, causal=causal).data
-    assert np.abs(model.blocks[1].attn.effective_attention(plain, IDX.shape[1]) - A).max() > 1e-3
+    assert np.abs(model.blocks[1].attn.effective(plain) - A).max() > 1e-3
 
 
 @pytest.mark.parametrize("extra", [dict(), dict(attention="espa", train_bias=True),

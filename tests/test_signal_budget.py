@@ -11,10 +11,9 @@ import pytest
 
 from nanospa import GPT, GPTConfig
 from nanospa.signal import kernels, dense_layer_bias, spa_schedule
-from nanospa.signal.budget import (BUDGETS, DEFAULT_BUDGET, INDEPENDENT_ETA, INDEPENDENT_GAMMA_FINAL,
-                                   JOINT_FINAL_CORR, JOINT_NET_ETA, ROOT_TOL, Plan, activation_spec,
-                                   make_plan, max_eta, split_activation)
-from nanospa.signal.predict import effective_attention, predict_kernels
+from nanospa.signal.budget import BUDGETS, DEFAULT_BUDGET, ETA, INDEPENDENT_GAMMA_FINAL, JOINT_FINAL_CORR, ROOT_TOL, make_plan
+from nanospa.signal.plan import Plan, activation_spec, max_eta, split_activation
+from nanospa.predict import attention_at_init, predict_kernels
 from nanospa.signal.walks import network_stats, pair_walk
 
 
@@ -25,7 +24,7 @@ def cfg(**kw):
 
 
 def attention_matrices(c, plan):
-    return [effective_attention(c, plan, l, c.block_size) for l in range(1, c.n_layer + 1)]
+    return [attention_at_init(c, plan, l, c.block_size)[0] for l in range(1, c.n_layer + 1)]
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
@@ -48,7 +47,7 @@ def test_every_policy_gives_causal_non_negative_attention(budget, attention):
 def test_independent_is_the_reimplementations_recipe():
     c = cfg(kernel_budget="independent")
     plan = make_plan(c)
-    assert plan.info["gamma_final"] == INDEPENDENT_GAMMA_FINAL and plan.info["eta"] == INDEPENDENT_ETA
+    assert plan.info["gamma_final"] == INDEPENDENT_GAMMA_FINAL and plan.info["eta"] == ETA
     assert plan.overrides is None                            # every A_l in closed form
     gammas = kernels.espa_gammas(c.n_layer, INDEPENDENT_GAMMA_FINAL)
     pred = predict_kernels(cfg(kernel_budget="independent", activation="linear"))
@@ -82,8 +81,8 @@ def test_joint_meets_both_targets(attention, final_corr, budget):
     c_f0, rho = joint_stats(c, plan)
     assert rho == plan.info["final_corr_achieved"] and c_f0 == plan.info["net_c_f0"]
     assert abs(rho - (final_corr or JOINT_FINAL_CORR)) < ROOT_TOL
-    assert abs(c_f0 - JOINT_NET_ETA) < ROOT_TOL
-    assert 0 < plan.info["eta"] < INDEPENDENT_ETA       # attention amplifies the MLPs' C_f(0)
+    assert abs(c_f0 - ETA) < ROOT_TOL
+    assert 0 < plan.info["eta"] < ETA       # attention amplifies the MLPs' C_f(0)
 
 
 def test_joint_final_gamma_depends_on_T_and_L():
@@ -164,7 +163,7 @@ def test_activation_spec_and_split_activation():
         activation_spec(cfg(activation="tat_lrelu", n_layer=2), 0.95)
     # the plan's activation is the spec, its params the solved transform's
     plan = make_plan(cfg(kernel_budget="independent"))
-    assert dict(plan.activation) == activation_spec(cfg(), INDEPENDENT_ETA)
+    assert dict(plan.activation) == activation_spec(cfg(), ETA)
     assert set(plan.params) == {"output_scale", "negative_slope"}
     assert all(isinstance(v, float) for v in plan.params.values())
 
@@ -202,3 +201,15 @@ def test_plan_is_immutable():
     B0[0, 0], info["a"].append(3), info.update(b=1)
     assert own.overrides[0][0][0, 0] == 0.0 and own.info["a"] == (1, 2) and "b" not in own.info
     assert isinstance(own.schedule, tuple) and own.activation == {}
+
+
+def test_the_plan_says_when_it_clamps_eta():
+    """At depth 4 the default budget's eta = 0.9 is out of reach: eta is clamped to max_eta and
+    the solved 'TAT leaky ReLU' is a ReLU, and the plan says so in words; at depth 16 it is met
+    and the plan has no note; an explicit eta is never a clamp."""
+    shallow = make_plan(cfg(n_layer=4))
+    assert shallow.info["eta_clamped_to_max"] and len(shallow.notes) == 1
+    assert "a ReLU" in shallow.notes[0] and f"{shallow.info['eta']:.4g}" in shallow.notes[0]
+    assert shallow.params["negative_slope"] < 1e-6 and "note: eta clamped" in str(shallow)
+    assert make_plan(cfg(n_layer=16)).notes == ()
+    assert make_plan(cfg(n_layer=4, eta=0.5)).notes == ()

@@ -7,12 +7,12 @@ import pytest
 
 from nanospa.nn import Embedding
 from nanospa.signal import kernels
-from nanospa.signal.inputs import (POS_VARIANCE, POSITIONS, input_kernel, sinusoidal_encoding,
+from nanospa.signal.inputs import (ADDITIVE_POSITIONS, POS_VARIANCE, input_kernel, sinusoidal_encoding,
                                    token_variance)
 
 
 def test_variances_give_q_one():
-    assert POSITIONS == ("none", "learned", "sinusoidal", "alibi", "rope", "spa_prior")
+    assert ADDITIVE_POSITIONS == ("learned", "sinusoidal")
     assert POS_VARIANCE == 0.5
     for pos in ("none", "alibi", "rope", "spa_prior"):               # nothing added to the embedding
         assert token_variance(pos) == 1.0
@@ -53,10 +53,9 @@ def test_input_kernel_counts_repeated_tokens_and_positions():
                                0.8 * same + 0.2 * np.eye(6), rtol=1e-15)
     with pytest.raises(ValueError, match="n_embd"):
         input_kernel(t, pos="sinusoidal")
-    for pos in ("alibi", "rope", "spa_prior"):               # they act in attention, not here
-        np.testing.assert_array_equal(input_kernel(t, pos=pos), same)
-    with pytest.raises(ValueError, match="pos='rotary'"):
-        input_kernel(t, pos="rotary")
+    for pos in ("alibi", "rotary"):                          # positions in the logits pass pos='none'
+        with pytest.raises(ValueError, match=f"pos='{pos}'"):
+            input_kernel(t, pos=pos)
 
 
 def test_input_kernel_argument_errors():

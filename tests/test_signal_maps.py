@@ -11,7 +11,8 @@ from nanospa.signal.beyond.policies import c_inverse
 from nanospa.config import GPTConfig
 from nanospa.signal import kernels, make_plan
 from nanospa.signal.beyond.norm_maps import DYT_ALPHA, dyt_map
-from nanospa.signal.maps import BlockMaps, MLPMap, attention_map, normalise, softmax_attention_map
+from nanospa.signal.maps import MLPMap, attention_map, normalise, softmax_attention_map
+from nanospa.signal.walks import WalkMaps
 from nanospa.signal.qc_maps import lrelu_cmap
 
 
@@ -170,33 +171,33 @@ def test_block_maps_residual_and_norm_arrangements():
     S = np.array([[2.0, 0.5, 0.1], [0.5, 1.0, 0.3], [0.1, 0.3, 0.5]])
     C = kernels.normalised_kernel(S)
     f = lambda X: 2.0 * X                                     # a branch that doubles the kernel
-    h, out = BlockMaps(block_cfg(), LINEAR).sublayer(S, f)
+    h, out = WalkMaps(block_cfg(), LINEAR).sublayer(S, f)
     np.testing.assert_array_equal(h, 2 * S)
     np.testing.assert_array_equal(out, 2 * S)
-    h, out = BlockMaps(block_cfg(residual="standard"), LINEAR).sublayer(S, f)
+    h, out = WalkMaps(block_cfg(residual="standard"), LINEAR).sublayer(S, f)
     np.testing.assert_allclose(out, 3 * S, rtol=1e-14)
-    maps = BlockMaps(block_cfg(residual="normalised"), LINEAR)
-    assert maps.a2 == pytest.approx(0.64) and maps.b2 == pytest.approx(0.36)
+    maps = WalkMaps(block_cfg(residual="normalised"), LINEAR)
+    assert maps.a ** 2 == pytest.approx(0.64) and maps.b ** 2 == pytest.approx(0.36)
     np.testing.assert_allclose(maps.sublayer(S, f)[1], 0.64 * S + 0.36 * 2 * S, rtol=1e-14)
     # pre-norm: the branch sees C, the skip the un-normalised kernel
-    h, out = BlockMaps(block_cfg(residual="standard", norm="layernorm"), LINEAR).sublayer(S, f)
+    h, out = WalkMaps(block_cfg(residual="standard", norm="layernorm"), LINEAR).sublayer(S, f)
     np.testing.assert_allclose(h, 2 * C, rtol=1e-14)
     np.testing.assert_allclose(out, S + 2 * C, rtol=1e-14)
     # post-norm: the branch sees S, the sum is normalised
-    h, out = BlockMaps(block_cfg(residual="standard", norm="rmsnorm", norm_position="post"),
+    h, out = WalkMaps(block_cfg(residual="standard", norm="rmsnorm", norm_position="post"),
                        LINEAR).sublayer(S, f)
     np.testing.assert_allclose(h, 2 * S, rtol=1e-14)
     np.testing.assert_allclose(out, C, rtol=1e-14)            # normalise(3 S) = C
     # DyT as the norm; no norm means none anywhere
-    maps = BlockMaps(block_cfg(norm="dyt"), LINEAR)
+    maps = WalkMaps(block_cfg(norm="dyt"), LINEAR)
     np.testing.assert_allclose(maps.branch_input(S), dyt_map(S), rtol=1e-14)
-    np.testing.assert_array_equal(BlockMaps(block_cfg(), LINEAR).norm(S), S)
+    np.testing.assert_array_equal(WalkMaps(block_cfg(), LINEAR).norm(S), S)
 
 
 def test_block_maps_final_norm_and_mlp():
     S = np.array([[2.0, 0.5], [0.5, 1.0]])
-    np.testing.assert_array_equal(BlockMaps(block_cfg(norm="layernorm"), LINEAR).final(S), S)
-    np.testing.assert_allclose(BlockMaps(block_cfg(norm="layernorm", uses_final_norm=True), LINEAR).final(S),
+    np.testing.assert_array_equal(WalkMaps(block_cfg(norm="layernorm"), LINEAR).final(S), S)
+    np.testing.assert_allclose(WalkMaps(block_cfg(norm="layernorm", uses_final_norm=True), LINEAR).final(S),
                                kernels.normalised_kernel(S), rtol=1e-15)
-    maps = BlockMaps(block_cfg(), RELU)
+    maps = WalkMaps(block_cfg(), RELU)
     np.testing.assert_allclose(maps.sublayer(S, maps.mlp_map)[1], MLPMap(RELU)(S), rtol=1e-15)

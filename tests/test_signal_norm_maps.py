@@ -1,21 +1,23 @@
-"""nanospa/signal/beyond/norm_maps.py, inputs.batch_input_kernel and predict_kernels(batch=B): the
+"""nanospa/signal/beyond/norm_maps.py (with batch_input_kernel) and predict_kernels(batch=B): the
 BatchNorm map's integral against closed forms and Monte Carlo, the causal map's Monte Carlo
 against the exact one where their windows agree, the running-statistics, PRepBN and
 GroupNorm maps, and the predictions against wide random models (BatchNorm with batch
 statistics on the kernel of the whole batch; GroupNorm, PRepBN at init and BatchNorm in
-evaluation mode per sequence). Tolerances: tests/test_signal_predict.py's tol and q_tol."""
+evaluation mode per sequence). Tolerances: tests/test_predict.py's tol and q_tol."""
 import math
 
 import numpy as np
 import pytest
 
 from nanospa import GPT, GPTConfig
-from nanospa.measure import measured_batch_kernels, measured_kernels
-from nanospa.signal import kernels, predict_kernels
-from nanospa.signal.inputs import batch_input_kernel, input_kernel
-from nanospa.signal.beyond.norm_maps import (BATCH_NORM_EPS, batch_attention, batchnorm_map, causal_batchnorm_map,
-                                      init_norm_map, running_batchnorm_map)
-from test_signal_predict import distinct_batch, max_errors, q_tol, tol, wide
+from nanospa.beyond.norms import measured_batch_kernels
+from nanospa.measure import measured_kernels
+from nanospa.predict import predict_kernels
+from nanospa.signal import kernels
+from nanospa.signal.inputs import input_kernel
+from nanospa.signal.beyond.norm_maps import (BATCH_NORM_EPS, batch_attention, batch_input_kernel, batchnorm_map,
+                                             causal_batchnorm_map, init_norm_map, running_batchnorm_map)
+from test_predict import distinct_batch, max_errors, q_tol, tol, wide
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:norm=.* with norm_causal=False")]
 WIDTH = 1024

@@ -14,7 +14,7 @@ from numpy.polynomial.legendre import leggauss
 from nanospa.signal.act_transform import activation_transform
 from nanospa.signal.activations import ACTIVATIONS
 from nanospa.signal.qc_maps import (
-    PhiHat, alpha_of_beta, c_map, local_cmap, lrelu_beta, lrelu_cmap, q_map)
+    alpha_of_beta, bivariate, c_map, local_cmap, lrelu_beta, lrelu_cmap, q_map)
 
 SMOOTH = ["gelu", "gelu_exact", "tanh", "sigmoid", "softplus", "swish"]
 C_POINTS = np.array([0.0, 0.25, 0.5, 0.75, 0.9, 0.99])
@@ -122,7 +122,7 @@ def test_kernel_map(case):
             z1, z2 = x[:, None], x[None, :]
             ref = w @ (t(math.sqrt(q1) * z1) * t(math.sqrt(q2) * (rho * z1 + math.sqrt(1 - rho ** 2) * z2))) @ w
         else:
-            ref = PhiHat(t.activation, t.params).bivariate(q1, q2, rho, n=200)
+            ref = bivariate(t.phi_hat, q1, q2, rho, n=200)
         assert abs(K[i, j] - ref) < 1e-10 * max(1.0, abs(ref))
     # with unit diagonal the kernel map is the C-map
     C = S / np.sqrt(np.outer(np.diag(S), np.diag(S)))

@@ -1,7 +1,7 @@
 """The wide-limit kernel maps of DeepNorm, RealFormer and nGPT at initialisation
 (nanospa/signal/maps.py, predict.py; docs/residuals.md §4): the maps against their formulas,
 then the predictions against the kernels of wide random models (nanospa/measure.py), as
-tests/test_signal_predict.py does for the paper's variants; each comparison is paired with a
+tests/test_predict.py does for the paper's variants; each comparison is paired with a
 wrong map (the scheme's own factor left out) that the same measurement rejects."""
 from dataclasses import replace
 
@@ -11,10 +11,11 @@ import pytest
 from nanospa import GPT, GPTConfig
 from nanospa.measure import measured_kernels
 from nanospa.signal import kernels
-from nanospa.signal.beyond.ngpt_maps import NGPTMaps
-from nanospa.signal.maps import BlockMaps, MLPMap, softmax_attention_map
-from nanospa.signal.predict import block_maps
-from nanospa.signal.predict import predict_kernels
+from nanospa.beyond.ngpt import NGPTMaps
+from nanospa.predict import predict_kernels
+from nanospa.signal import make_plan
+from nanospa.signal.maps import MLPMap, softmax_attention_map
+from nanospa.signal.walks import WalkMaps
 
 pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
 
@@ -32,7 +33,7 @@ def wide(width, **kw):
 
 
 def tol(width):
-    """4 d^-1/2, tests/test_signal_predict.py's bound on one entry's finite-width error."""
+    """4 d^-1/2, tests/test_predict.py's bound on one entry's finite-width error."""
     return 4.0 / np.sqrt(width)
 
 
@@ -59,8 +60,7 @@ def test_deepnorm_block_maps():
     beta^2 F(beta^2 Sigma) for the MLP (W_1, W_2)."""
     N = 3
     cfg = wide(32, n_layer=N, attention="softmax", zero_query=True, activation="gelu", **DEEPNORM)
-    maps = block_maps(cfg, GELU)
-    assert type(maps) is BlockMaps
+    maps = WalkMaps(cfg, GELU)
     rng = np.random.default_rng(0)
     X = rng.standard_normal((5, 9))
     S = X @ X.T / 9
@@ -68,7 +68,7 @@ def test_deepnorm_block_maps():
     alpha2, beta2 = np.sqrt(2 * N), 1 / np.sqrt(8 * N)
     np.testing.assert_allclose(maps.combine(S, h), kernels.normalised_kernel(alpha2 * S + h), rtol=1e-14)
     A = np.tril(rng.random((5, 5)))
-    np.testing.assert_allclose(maps.attention(S, A), beta2 ** 2 * A @ S @ A.T, rtol=1e-14)
+    np.testing.assert_allclose(maps.scale_attention(A @ S @ A.T), beta2 ** 2 * A @ S @ A.T, rtol=1e-14)
     np.testing.assert_allclose(maps.mlp(S), beta2 * MLPMap(GELU)(beta2 * S), rtol=1e-14)
     assert maps.branch_input(S) is S                               # Post-LN: the branch sees X
 
@@ -78,8 +78,8 @@ def test_ngpt_maps():
     against a Monte Carlo of u phi(nu) with u, nu ~ N(0, Sigma), N(0, d Sigma) independent."""
     d = 64
     cfg = wide(d, mlp_ratio=2, **NGPT)
-    maps = block_maps(cfg, SWISH)
-    assert isinstance(maps, NGPTMaps) and maps.alpha == 0.05
+    maps = NGPTMaps(cfg, make_plan(cfg))
+    assert maps.alpha == 0.05 and maps.mlp_map.activation == SWISH
     c = 0.3
     C = np.array([[1.0, c], [c, 1.0]])
     np.testing.assert_allclose(maps.embedding(2.0 * C), C / d, rtol=1e-15)
@@ -175,7 +175,7 @@ def test_ngpt_prediction_matches_a_wide_network(alpha):
     for block in model.blocks:
         for a in (block.alpha_attn, block.alpha_mlp):
             a.weight.data[:] = alpha / a.factor
-    maps = lambda value: NGPTMaps(cfg, model.plan.activation, alpha=value)
+    maps = lambda value: NGPTMaps(cfg, model.plan, softmax_samples=256, alpha=value)
     pred = predict_kernels(cfg, plan=model.plan, softmax_samples=256, maps=maps(alpha))
     errors = layer_errors(model, pred, B=8)
     assert errors[:, :2].max() < tol(1024) and errors[:, 2].max() < 1e-12
@@ -187,6 +187,6 @@ def test_ngpt_prediction_matches_a_wide_network(alpha):
 def test_ngpt_default_prediction_uses_the_published_alpha():
     cfg = wide(64, n_layer=2, **NGPT)
     a = predict_kernels(cfg, softmax_samples=8)
-    b = predict_kernels(cfg, softmax_samples=8, maps=NGPTMaps(cfg, dict(SWISH), alpha=0.05))
+    b = predict_kernels(cfg, softmax_samples=8, maps=NGPTMaps(cfg, make_plan(cfg), softmax_samples=8, alpha=0.05))
     np.testing.assert_array_equal(a.kernel(2), b.kernel(2))
     np.testing.assert_allclose(np.diagonal(a.sigma_0), 1 / 64, rtol=1e-15)

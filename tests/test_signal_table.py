@@ -1,19 +1,26 @@
 """Tests for nanospa/signal/table.py: the per-layer derivation that `python -m nanospa.signal`
-prints (docs/method.md §3.4, §13): schedule targets, the attention-only network, the
-predicted and measured columns, layer_table and format_table. The command line itself:
-tests/test_signal_main.py."""
+prints (docs/method.md §3.4, §13): schedule targets, the attention-only network
+(nanospa/predict.py), the predicted and measured columns, layer_table and format_table. The
+command line itself: tests/test_signal_main.py."""
 import numpy as np
 import pytest
 
 from nanospa.config import GPTConfig
 from nanospa.measure import measure_config, measured_model_kernels, token_batch
 from nanospa.signal import espa_kernel, input_kernel, kernel_stats, dense_layer_bias, make_plan, realise
-from nanospa.signal.predict import predict_kernels
-from nanospa.signal.table import (attention_only_kernels, check_depths, default_depths, format_table,
-
-                                  layer_table, predicted_kernels, schedule_targets, summary)
+from nanospa.predict import attention_only_kernels, predict_kernels, predicted_kernels
+from nanospa.signal import table
+from nanospa.signal.table import check_depths, default_depths, format_table, schedule_targets, summary
 
 pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
+
+
+def layer_table(cfg, plan=None, measured=None, predicted=None, T=None):
+    """table.layer_table with the attention-only and whole-model kernels the command computes
+    (nanospa/predict.py), as python -m nanospa.signal calls it."""
+    plan = plan or make_plan(cfg)
+    model = predicted if predicted is not None else predicted_kernels(cfg, plan)
+    return table.layer_table(cfg, plan, attention_only_kernels(cfg, plan, T), model, measured, T)
 
 
 def test_depths():

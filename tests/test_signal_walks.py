@@ -7,8 +7,8 @@ import pytest
 
 from nanospa import GPT, GPTConfig
 from nanospa.signal import kernels, dense_layer_bias, make_plan, realise, spa_matrix, spa_schedule
-from nanospa.signal.budget import activation_spec
-from nanospa.signal.predict import predict_kernels
+from nanospa.signal.plan import activation_spec
+from nanospa.predict import predict_kernels
 from nanospa.signal import budget
 from nanospa.signal.beyond import policies as walks
 from nanospa.signal.beyond.policies import extend_overrides, split_bias, walk
@@ -139,7 +139,7 @@ def test_pair_walk_blocks_and_linear_case():
 def test_pair_walk_matches_two_sequences_in_a_wide_network():
     """The cross kernel X between two sequences with no token in common, measured at width
     1024. Correlations (C_f(0), the normalised kernel) fluctuate by O(d^-1/2) (4 d^-1/2 = 0.125
-    as in test_signal_predict); X and K themselves drift like q-values, by a random walk of
+    as in test_predict); X and K themselves drift like q-values, by a random walk of
     relative standard deviation sqrt(2 L / (m d)) over the L MLPs (3 of those: 0.32 here;
     measured 0.18-0.24)."""
     c = cfg(block_size=12, n_layer=6, n_embd=1024, n_head=4, dtype="float64", mlp_ratio=1, vocab_size=64)

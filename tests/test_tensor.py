@@ -1,4 +1,4 @@
-"""nanospa/tensor.py: the graph of Functions, backward, no_grad (and run/threads.sharded_backward).
+"""nanospa/tensor.py: the graph of Functions, backward, no_grad (and run/threads.sliced_loss).
 
 Graph mechanics (no recursion limit, fan-out and repeated backward accumulate, the graph
 freed as it is used, unsaved intermediates freed before backward, shared gradient arrays
@@ -16,7 +16,7 @@ from conftest import perturbed_model, tiny_config
 from nanospa import GPT, Tensor, backend, no_grad
 from nanospa.gradcheck import tensor64
 from nanospa.run import threads as cpu
-from nanospa.run.threads import sharded_backward
+from nanospa.run.threads import sharded_backward, sliced_loss
 
 
 def normal(*shape, seed=0):
@@ -169,6 +169,26 @@ def test_sharded_backward_is_the_full_batch_backward(two_threads, batch):
     np.testing.assert_allclose(value.item(), loss.item(), rtol=1e-13)
     for (name, p), q in zip(full.named_parameters(), sharded.parameters()):
         np.testing.assert_allclose(q.grad, p.grad, rtol=1e-11, atol=1e-15, err_msg=name)
+
+
+def test_the_sliced_loss_in_hand_is_the_full_batch_loss(two_threads):
+    """run/threads.sliced_loss, train.py's forward: one graph per slice, built on the worker
+    threads, and nothing back-propagated until loss.backward(); then the value and every
+    gradient are the full batch's, and `* w` (a micro-batch's share) scales both."""
+    cfg = tiny_config(attention="espa", activation="tat_lrelu")
+    full, sliced = perturbed_model(cfg), perturbed_model(cfg)
+    rng = np.random.default_rng(7)
+    idx, tgt = rng.integers(0, 13, (3, 8)), rng.integers(0, 13, (3, 8))
+    _, loss = full(idx, tgt)
+    (loss * 0.25).backward()
+    part = sliced_loss(lambda x, y: sliced(x, y)[1], idx, tgt) * 0.25
+    assert len(part.parts) == 2 and all(p.grad is None for p in sliced.parameters())
+    part.backward()
+    np.testing.assert_allclose(part.data, 0.25 * loss.item(), rtol=1e-13)
+    for (name, p), q in zip(full.named_parameters(), sliced.parameters()):
+        np.testing.assert_allclose(q.grad, p.grad, rtol=1e-11, atol=1e-15, err_msg=name)
+    with pytest.raises(TypeError, match="scales by a number"):
+        part * np.ones(2)
 
 
 def test_sharded_backward_is_deterministic_in_float32(two_threads):

@@ -20,7 +20,6 @@ import pytest
 
 import train
 from nanospa import backend
-from nanospa.run import step
 from nanospa.run import threads as cpu
 from nanospa.run import checkpoint
 from nanospa.run.checkpoint import load_checkpoint
@@ -272,6 +271,36 @@ def test_threads_zero_is_one_per_core_capped():
     assert 1 <= cpu.cpu_threads(0, batch_size=16) <= 4
 
 
+@pytest.mark.parametrize("extra", [["--threads=1"], ["--threads=2", "--batch_size=2", "--grad_accum=2"],
+                                   ["--threads=2", "--optimizer=kfac", "--kfac_inv_interval=2"]])
+def test_the_loop_of_train_py_is_train_step(tmp_path, text_file, extra):
+    """train.py writes its step out (forward, backward, clip, update: run/step.py's parts);
+    the experiments take it as one call, run/step.train_step. From the same start on the same
+    batches both reach the same weights and optimiser state, bit for bit: with threads,
+    micro-batches and K-FAC's curvature."""
+    from data import get_batch, load_dataset
+    from nanospa import GPT
+    from nanospa.beyond.optimizers import make_optimizer
+    from nanospa.run.step import train_step
+    assert run(tmp_path, text_file, "--max_iters=3", "--eval_interval=100", "--sample_tokens=0", *extra) == 0
+    ckpt = load_checkpoint(str(tmp_path / "out" / "ckpt.npz"))
+    s, model = ckpt["settings"], GPT(GPTConfig.from_dict(ckpt["config"]), seed=0)
+    model.load_state_dict(model.state_dict())         # train.py's memory layout (its comment says why)
+    opt, rng, ds = make_optimizer(s, model, seed=0), np.random.default_rng(0), load_dataset(str(text_file))
+    previous = cpu.set_threads(s["threads"])
+    try:
+        for it in range(3):
+            opt.lr = train.cosine_lr(it, s["learning_rate"], s["warmup_iters"], s["lr_decay_iters"], s["min_lr"])
+            x, y = get_batch(ds.train, s["batch_size"] * s["grad_accum"], s["block_size"], rng)
+            train_step(model, opt, x, y, s["grad_clip"], accum=s["grad_accum"])
+    finally:
+        cpu.set_threads(previous)
+    for k, v in model.state_dict().items():
+        np.testing.assert_array_equal(v, ckpt["model"][k], err_msg=k)
+    for k, v in ckpt["optim"].items():
+        np.testing.assert_array_equal(np.asarray(opt.state_dict()[k]), np.asarray(v), err_msg=k)
+
+
 def test_lr_schedule_is_warmup_then_cosine(tmp_path, text_file):
     assert run(tmp_path, text_file, "--max_iters=12", "--log_interval=1", "--warmup_iters=4",
                "--learning_rate=0.01", "--min_lr=0.001", "--eval_interval=100") == 0
@@ -283,7 +312,9 @@ def test_lr_schedule_is_warmup_then_cosine(tmp_path, text_file):
 
 def test_eval_only_reports_and_writes_nothing(tmp_path, text_file, capsys):
     assert run(tmp_path, text_file, "--eval_only") == 0
-    assert "init: train" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "init: train" in out
+    assert "plan note: eta clamped" in out and "a ReLU" in out      # depth 2 cannot reach eta = 0.9
     assert not (tmp_path / "out").exists()
 
 
@@ -346,13 +377,13 @@ def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(tmp_path, te
 
 
 def test_non_finite_gradient_stops_and_keeps_the_last_good_checkpoint(tmp_path, text_file, capsys, monkeypatch):
-    calls, real = [], step.clip_grad_norm
+    calls, real = [], train.clip_grad_norm
 
     def clip(params, max_norm):                        # the 5th step's gradient is non-finite
         calls.append(1)
         return float("nan") if len(calls) == 5 else real(params, max_norm)
 
-    monkeypatch.setattr(step, "clip_grad_norm", clip)
+    monkeypatch.setattr(train, "clip_grad_norm", clip)
     assert run(tmp_path, text_file, "--max_iters=10", "--checkpoint_interval=2") == 1
     err = capsys.readouterr().err
     path = tmp_path / "out" / "ckpt.npz"

@@ -246,7 +246,7 @@ def test_out_of_memory_is_one_line_naming_the_sizes(tmp_path, text_file, capsys,
     def no_memory(*a, **k):
         raise MemoryError("Unable to allocate 96.0 GiB for an array with shape (16, 4, 64, 64)")
 
-    monkeypatch.setattr(step, "sharded_backward", no_memory)
+    monkeypatch.setattr(step, "forward", no_memory)
     assert train.main(args(text_file, tmp_path / "out")) == 2
     line = error_line(capsys)
     assert line.startswith("error: out of memory (Unable to allocate 96.0 GiB") and "batch_size" in line
@@ -628,9 +628,9 @@ def test_a_signal_during_a_step_abandons_it_and_saves_the_state_before_it(tmp_pa
     out = tmp_path / "out"
 
     def arm():
-        real, calls = step.sharded_backward, [0]
+        real, calls = step.sliced_loss, [0]
 
-        def sharded(loss_fn, *batch, **kw):
+        def sliced(loss_fn, *batch, **kw):
             calls[0] += 1
             if calls[0] != 5:
                 return real(loss_fn, *batch, **kw)
@@ -642,7 +642,7 @@ def test_a_signal_during_a_step_abandons_it_and_saves_the_state_before_it(tmp_pa
                     time.sleep(60)                  # a slice that would hold the exit up for a minute
                 return loss_fn(*b)
             return real(firing, *batch, **kw)
-        step.sharded_backward = sharded
+        step.sliced_loss = sliced
 
     started = time.monotonic()
     assert _forked(argv(out), arm) == 143
@@ -655,10 +655,13 @@ def test_a_signal_during_a_step_abandons_it_and_saves_the_state_before_it(tmp_pa
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_signal_during_an_evaluation_leaves_it_and_the_resumed_run_completes_it(tmp_path, text_file, capfd):
-    """SIGTERM during the evaluation at iter 6 (its first batch): the rest is skipped, the state
-    after step 6 is saved with its record pending, and the resumed run evaluates and logs it
-    before its first step: the log is the uninterrupted run's, evaluations included."""
+@pytest.mark.parametrize("at", [6, MAX])
+def test_a_signal_during_an_evaluation_leaves_it_and_the_resumed_run_completes_it(tmp_path, text_file, capfd, at):
+    """SIGTERM during the evaluation at iter 6, or at the last one (its first batch): the rest
+    is skipped, the state after that step is saved with its record pending, and the resumed run
+    evaluates and logs it before its first step: the log is the uninterrupted run's,
+    evaluations included, and the checkpoint holds nothing pending any more, so that a further
+    resume (at max_iters: nothing to do) does not log the record twice."""
     argv = args(text_file, tmp_path / "whole", "--eval_iters=3")
     assert train.main(argv) == 0
     out = tmp_path / "out"
@@ -673,7 +676,7 @@ def test_a_signal_during_an_evaluation_leaves_it_and_the_resumed_run_completes_i
             def counted(idx, targets=None, record=None):
                 if not model.training and targets is not None:
                     calls[0] += 1                    # 6 per evaluation: 3 batches of each split
-                    if calls[0] == 13:               # the first of iter 6's
+                    if calls[0] == {6: 13, MAX: 19}[at]:   # the first of that evaluation's
                         os.kill(os.getpid(), T)
                 return forward(idx, targets, record)
             model.forward = counted
@@ -682,13 +685,17 @@ def test_a_signal_during_an_evaluation_leaves_it_and_the_resumed_run_completes_i
 
     assert _forked(args(text_file, out, "--eval_iters=3"), arm) == 143
     err = capfd.readouterr().err
-    assert "Traceback" not in err and "stopped at iter 6" in err
+    assert "Traceback" not in err and f"stopped at iter {at}" in err
     state = load_checkpoint(str(out / "ckpt.npz"))["state"]
-    assert state["iter"] == 6 and state["pending_record"]["iter"] == 6
-    assert "val_loss" not in state["pending_record"] and max(r["iter"] for r in read_log(out)) == 5
+    assert state["iter"] == at and state["pending_record"]["iter"] == at
+    assert "val_loss" not in state["pending_record"] and max(r["iter"] for r in read_log(out)) == at - 1
     assert train.main(args(text_file, out, "--eval_iters=3", "--init_from=resume")) == 0
     assert key(read_log(out)) == key(read_log(tmp_path / "whole"))
     assert load_checkpoint(str(out / "ckpt.npz"))["state"]["pending_record"] is None
+    capfd.readouterr()
+    assert train.main(args(text_file, out, "--eval_iters=3", "--init_from=resume")) == 0
+    assert "nothing to do" in capfd.readouterr().out
+    assert key(read_log(out)) == key(read_log(tmp_path / "whole"))
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -10,7 +10,7 @@
          block it ever handed out, so its size is the peak) less the GEMM probe's, and
          torch.cuda.max_memory_reserved().
 
-Not here: when the probes run (bench.py), the timing (bench_measure.py).
+Not here: when the probes run (bench/command.py), the timing (bench/measure.py).
 """
 import json
 import subprocess

@@ -31,7 +31,7 @@ KINDS = dict(
     **{name: "elementwise (+ - * / exp ...)" for name in ELEMENTWISE},
     Shaped="activation (phi_hat)", Activation="activation (phi_hat)",
     Softmax="softmax", BlockwiseAttention="blockwise attention (fused)",
-    LogSoftmax="cross-entropy", CrossEntropy="cross-entropy",
+    CrossEntropy="cross-entropy",
     LayerNorm="norms", RMSNorm="norms", BatchNormOp="norms",
     Reshape="copies and transposes", Transpose="copies and transposes", GetItem="copies and transposes",
     Concatenate="copies and transposes", Sum="reductions", Mean="reductions", Max="reductions",

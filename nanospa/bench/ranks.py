@@ -22,7 +22,7 @@ and the cost model of docs/distributed.md, t(N) = t_compute(1x1) / N + t_optimis
 measured multi-rank step, term by term.
 
 BLAS is single-threaded in every layout (the threads are nanospa's batch slices). Not here:
-the collectives (distributed.py), the single-process benchmark with MFU and PyTorch (bench.py).
+the collectives (distributed.py), the single-process benchmark with MFU and PyTorch (bench/command.py).
 """
 import json
 import os
@@ -83,7 +83,7 @@ def worker(s):
         t2 = time.perf_counter()
         world.allreduce_grads(params)
         t3 = time.perf_counter()
-        opt.step()                                # (no clipping: as bench.py's step)
+        opt.step()                                # (no clipping: as bench/measure.py's step)
         opt.zero_grad()
         if step >= s["warmup"]:
             rows.append(dict(step=time.perf_counter() - t0, compute=t1 - t0, wait=t2 - t1, allreduce=t3 - t2,

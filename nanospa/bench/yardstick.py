@@ -308,7 +308,7 @@ def export_nanospa(model):
     import numpy as np
 
     from .. import backend
-    from ..beyond.schemes import residual_weights
+    from ..signal.maps import residual_weights
     from ..fused import LAYER_NORM_EPS, RMS_NORM_EPS
     if hasattr(model, "blocks"):                                 # a GPT: a blockwise one keeps no dense B_l
         from .view import DenseView
@@ -317,16 +317,14 @@ def export_nanospa(model):
     check(cfg)
     dt = DTYPES[cfg.dtype]
     flags = {k: p.no_decay for k, p in model.named_parameters()}
-    opts = model.activation.options                              # model.ShapedActivation's numbers
+    h = model.activation.phi_hat                                 # model.ShapedActivation's PhiHat
     spec = dict(vocab_size=cfg.vocab_size, block_size=cfg.block_size, n_layer=cfg.n_layer, n_head=cfg.n_head,
                 n_embd=cfg.n_embd, mlp_hidden=cfg.mlp_ratio * cfg.n_embd, bias=bool(cfg.bias),
                 attention=cfg.attention, skipinit_per_head=bool(cfg.skipinit_per_head),
-                residual=cfg.residual, residual_weights=tuple(float(w) for w in residual_weights(cfg)),
+                residual=cfg.residual, residual_weights=tuple(float(w) for w in residual_weights(cfg)[:2]),
                 norm=cfg.norm, norm_position=cfg.norm_position, final_norm=bool(cfg.uses_final_norm),
                 norm_eps=dict(layernorm=LAYER_NORM_EPS, rmsnorm=RMS_NORM_EPS).get(cfg.norm), pos=cfg.pos,
-                dtype=cfg.dtype, activation=dict(base=model.activation.base, a=float(opts["a"]), b=float(opts["b"]),
-                                                 s=float(opts["s"]), o=float(opts["o"]),
-                                                 slope=None if opts.get("slope") is None else float(opts["slope"])))
+                dtype=cfg.dtype, activation=dict(base=h.base, a=h.a, b=h.b, s=h.s, o=h.o, slope=h.negative_slope))
     T = cfg.block_size
     causal = torch.triu(torch.full((T, T), -math.inf, dtype=dt), 1)
     pieces, layout = {}, []

@@ -5,7 +5,8 @@ FlashAttention papers, written with NumPy/CuPy array operations).
     BlockwiseAttention      the Function: forward and backward side by side, on raw xp arrays
     causal_attention(q, k, v, scale, block, bias=None, bias_block=None)   its Tensor spelling
     block_size(T, block)    the block size a call uses (block 0: chosen by T)
-    implementation(cfg)     "dense" or "blockwise" for a model configuration
+    evaluation(cfg)         model.Attention's evaluate by blocks (the seam: model.evaluation)
+    check_config(cfg)       GPTConfig's check of attention_impl and attention_block
 
 Forward, for each query block I (rows [i0, i1)) and the key blocks J <= I (blocks entirely
 above the diagonal are skipped), with a running row maximum m, row sum l and output acc:
@@ -43,26 +44,40 @@ slow the products.
 Not here: the dense reference (fused.Softmax on the full (T, T) scores, which model.py uses
 at short T and for trace()), where the bias comes from (model.py, nanospa.signal).
 """
+import numpy as np
+
 from ..fused import causal_mask
 from ..run.threads import balanced_groups, in_worker, parallel_map, threads
-from ..tensor import Function
+from ..tensor import Function, Tensor
 
 AUTO_BLOCK = 256        # block 0: min(T, AUTO_BLOCK) rows and columns per block
-AUTO_DENSE_MAX_T = 256  # attention_impl "auto": the dense reference up to this block_size
+IMPLS = ("auto", "dense", "blockwise")
 
 
-def implementation(cfg):
-    """How a model's attention runs: GPTConfig.attention_impl "dense" and "blockwise" as
-    given; "auto" is dense up to AUTO_DENSE_MAX_T positions (block_size), else blockwise;
-    always dense with RealFormer's carried (B, H, T, T) scores (residual_attention)."""
-    impl, T = cfg.attention_impl, cfg.block_size
-    if cfg.residual_attention:
-        return "dense"
-    if impl == "auto":
-        return "dense" if T <= AUTO_DENSE_MAX_T else "blockwise"
-    if impl not in ("dense", "blockwise"):
-        raise ValueError(f"attention_impl must be 'auto', 'dense' or 'blockwise', got {impl!r}")
-    return impl
+def evaluation(cfg):
+    """model.Attention's evaluate for attention by blocks (cfg.attention_impl "blockwise", or
+    "auto" beyond model.DENSE_MAX_T): (q, k, v, scale, bias, carry) -> (y, None), bias the
+    attention's (stored, blocks) as in model.dense_attention. by_blocks tells SPA attention to
+    keep B_l's O(T) parts instead of the (T, T) matrix."""
+    block = cfg.attention_block
+
+    def evaluate(q, k, v, scale, bias, carry=None):
+        stored, blocks = bias
+        fixed = None if blocks is None else (lambda i0, i1, j0, j1: blocks(i0, i1, j0, j1, q.dtype))
+        trained = stored if isinstance(stored, Tensor) else (None if stored is None else Tensor(stored))
+        return causal_attention(q, k, v, scale, block, trained, fixed), None
+
+    evaluate.by_blocks = True
+    return evaluate
+
+
+def check_config(cfg):
+    """ValueError naming a bad attention_impl or attention_block."""
+    if cfg.attention_impl not in IMPLS:
+        raise ValueError(f"GPTConfig.attention_impl={cfg.attention_impl!r} is not one of {list(IMPLS)}")
+    b = cfg.attention_block
+    if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 0:
+        raise ValueError(f"GPTConfig.attention_block must be an integer >= 0 (0 = chosen by T), got {b!r}")
 
 
 def block_size(T, block):

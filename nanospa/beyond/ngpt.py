@@ -15,11 +15,15 @@ weights: the columns of W^Q, W^K, W^V, W_u, W_nu and W_z (axis 0), the rows of W
 MLP's W_o and the embedding table (axis 1). They are normalised once at construction and
 again after every optimiser step by the modules' after_step() (GPT.after_step() calls it;
 train.py, the experiments and the benchmark call that), so a checkpoint holds them as the
-plain parameters they are. Constants: signal/residuals.py (NGPT_INITS).
+plain parameters they are. Constants: signal/beyond/residuals.py (NGPT_INITS).
 
-Not here: the attention itself (model.Attention calls QKNorm where cfg.residual == "ngpt"),
-the combination rules (schemes.check_config), the wide-limit maps (signal/beyond/ngpt_maps.py).
-This module imports nothing from model.py: model.py builds these pieces.
+    NGPT                  the registry row of residual="ngpt" (beyond.EXTENSIONS): its embedding,
+                          block (softmax attention with QKNormHook) and head for model.GPT, and
+                          its walk at init (NGPTMaps, predict.BlockMaps with the maps of
+                          signal/beyond/ngpt_maps.py)
+
+Not here: the combination rules (schemes.check_config), the constants
+(signal/beyond/residuals.py).
 """
 import math
 
@@ -27,9 +31,12 @@ import numpy as np
 
 from .. import backend
 from ..fused import rms_norm
+from ..model import variant
 from ..nn import Embedding as TokenEmbedding
 from ..nn import Linear, Module, Parameter
-from ..signal.beyond.residuals import ngpt_scale, ngpt_value
+from ..predict import BlockMaps
+from ..signal.beyond import ngpt_maps
+from ..signal.beyond.residuals import NGPT_ALPHA_INIT, ngpt_scale, ngpt_value
 from ..tensor import Tensor
 
 
@@ -65,6 +72,20 @@ class Scaled(Module):
 
     def forward(self):
         return self.weight * self.factor
+
+
+class QKNormHook:
+    """nGPT's attention hook (model.Attention.attach): q and k of each head on the unit sphere
+    times s_qk (a QKNorm, attn.qk_norm), the softmax scale sqrt(d_k)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def attach(self, attn):
+        attn.qk_norm = self.module = QKNorm(self.cfg)
+
+    def logits(self, q, k, scale, bias):
+        return self.module(q), self.module(k), self.module.scale(q.shape[-1]), bias
 
 
 class QKNorm(Module):
@@ -171,3 +192,60 @@ class Head(Module):
 
     def after_step(self):
         renormalise(self.out.weight, 0)
+
+
+class NGPT:
+    """residual="ngpt" (beyond.EXTENSIONS): the parts model.GPT takes from it (embedding,
+    block, head) and its walk at init for nanospa/predict.py (maps)."""
+
+    def __init__(self, cfg):
+        self.branch_gain2 = 1.0
+
+    @staticmethod
+    def embedding(cfg, rng):
+        return Embedding(cfg.vocab_size, cfg.n_embd, rng=rng, dtype=cfg.dtype)
+
+    @staticmethod
+    def block(cfg, plan, layer, act, rng, hooks=(), evaluate=None):
+        attn = variant("attention", cfg.attention)(cfg, plan, layer, rng, evaluate)
+        attn.attach(list(hooks) + [QKNormHook(cfg)])
+        return Block(cfg, attn, act, rng)
+
+    @staticmethod
+    def head(cfg, rng):
+        return Head(cfg.n_embd, cfg.vocab_size, rng=rng, dtype=cfg.dtype)
+
+    @staticmethod
+    def maps(cfg, plan, batch=None, softmax_samples=32):
+        return NGPTMaps(cfg, plan, batch=batch, softmax_samples=softmax_samples)
+
+
+class NGPTMaps(BlockMaps):
+    """nGPT's block in the wide limit at init (signal/beyond/ngpt_maps.py): unit hidden states
+    (kernels C / d), logits of the normalised kernel, the gated MLP, the normalised update.
+    alpha: alpha_A = alpha_M (NGPT_ALPHA_INIT at init; a test may pass another)."""
+
+    def __init__(self, cfg, plan, batch=None, softmax_samples=32, alpha=NGPT_ALPHA_INIT):
+        if batch:
+            raise ValueError("predict_kernels(batch=...) is for batch statistics; nGPT has none: "
+                             "predict one sequence's kernel")
+        super().__init__(cfg, plan, None, softmax_samples)
+        self.d, self.m, self.alpha = cfg.n_embd, cfg.mlp_ratio, float(alpha)
+
+    def embedding(self, Sigma_0):
+        return ngpt_maps.embedding(Sigma_0, self.d)
+
+    def logit_kernel(self, Sigma):
+        return ngpt_maps.logit_kernel(Sigma)
+
+    def mlp(self, Sigma):
+        return ngpt_maps.mlp(Sigma, self.mlp_map, self.d, self.m)
+
+    def branch_input(self, Sigma):
+        return Sigma
+
+    def combine(self, Sigma_x, Sigma_h):
+        return ngpt_maps.update(Sigma_x, Sigma_h, self.alpha, self.d)
+
+    def final(self, Sigma):
+        return Sigma

@@ -12,7 +12,7 @@ al. 2024), and GroupNorm. Shapes: x (B, T, C); a statistic is per channel.
     GroupNorm     per token, over G groups of C / G channels: fused.layer_norm on a (B, T, G,
                   C / G) view, then a gain and bias per channel (G = 1 is LayerNorm)
     DyT           w tanh(a x) + b with a learnable scalar a (Zhu et al. 2025)
-    build(cfg)    the layer of cfg.norm, for model.make_norm
+    DyTNorm, BatchNorms, GroupNorms   the registry rows (beyond.EXTENSIONS): model.Norm kinds
     check_config(cfg)   GPTConfig's check of the fields of these norms
 
 Running statistics move once per optimiser step (after_step), not per forward: the
@@ -25,7 +25,7 @@ as per-device BatchNorm does: the loss depends on how the batch is split, determ
 Under MPI every rank keeps its own running statistics (rank 0's are checkpointed).
 
 Not here: LayerNorm, RMSNorm (nn.py); the train / eval flag (nn.Module.train); the
-kernel maps at init (signal/norm_maps.py); the future-leakage measurement (causality.py).
+kernel maps at init (signal/beyond/norm_maps.py); the future-leakage measurement (experiments/causality.py).
 """
 import math
 import warnings
@@ -34,9 +34,11 @@ import numpy as np
 
 from .. import backend
 from ..fused import LAYER_NORM_EPS, layer_norm
+from ..model import Norm
 from ..nn import LayerNorm, Module, Parameter
 from ..run.threads import current_slice
-from ..signal import BATCH_NORM_EPS, DYT_ALPHA
+from ..signal.beyond.norm_maps import BATCH_NORM_EPS, DYT_ALPHA
+from ..signal.kernels import kernel_matrix
 from ..tensor import Function, Tensor
 
 BATCH_NORMS = ("batchnorm", "prepbn")  # statistics over the batch and positions
@@ -251,17 +253,42 @@ def check_config(cfg):
                          f"not norm={cfg.norm!r}")
 
 
-def build(cfg):
-    """The norm layer of cfg.norm, one of this module's (ValueError for any other name)."""
-    if cfg.norm == "dyt":
+# The registry rows (beyond.EXTENSIONS): each a model.Norm whose build makes the layer; its
+# at_init, the kernel map, is model.Norm's (signal.maps.norm_kernel, which reads these norms'
+# maps in signal/beyond/norm_maps.py).
+
+class DyTNorm(Norm):
+    @staticmethod
+    def build(cfg):
         return DyT(cfg.n_embd, alpha=DYT_ALPHA, dtype=cfg.dtype)
-    if cfg.norm == "groupnorm":
+
+
+class GroupNorms(Norm):
+    @staticmethod
+    def build(cfg):
         return GroupNorm(cfg.n_embd, cfg.norm_groups, dtype=cfg.dtype)
-    if cfg.norm not in ("batchnorm", "prepbn"):
-        raise ValueError(f"unknown norm {cfg.norm!r}")
-    if not cfg.norm_causal:
-        warnings.warn(NON_CAUSAL.format(norm=cfg.norm))   # shown once per process (one source line)
-    options = dict(causal=cfg.norm_causal, block_size=cfg.block_size, dtype=cfg.dtype)
-    if cfg.norm == "batchnorm":
-        return BatchNorm(cfg.n_embd, **options)
-    return PRepBN(cfg.n_embd, cfg.prepbn_steps, eta0=cfg.prepbn_eta, **options)
+
+
+class BatchNorms(Norm):
+    """norm="batchnorm" and "prepbn"."""
+
+    @staticmethod
+    def build(cfg):
+        if not cfg.norm_causal:
+            warnings.warn(NON_CAUSAL.format(norm=cfg.norm))   # shown once per process (one source line)
+        options = dict(causal=cfg.norm_causal, block_size=cfg.block_size, dtype=cfg.dtype)
+        if cfg.norm == "batchnorm":
+            return BatchNorm(cfg.n_embd, **options)
+        return PRepBN(cfg.n_embd, cfg.prepbn_steps, eta0=cfg.prepbn_eta, **options)
+
+
+def measured_batch_kernels(model, idx):
+    """Kernels of all B T tokens of idx at once, (B T, B T) in sequence-major order: as
+    measured_kernels, without averaging over sequences, so that the entries between
+    sequences are kept (predict_kernels(batch=B), signal/beyond/norm_maps.py; measure.measured_kernels
+    averages over them). The model's mode
+    decides BatchNorm's statistics."""
+    tr = model.trace(idx)
+    flat = lambda h: h.reshape(1, -1, h.shape[-1])                   # (B, T, d) -> (1, B T, d)
+    return dict(hidden=[kernel_matrix(flat(h), mean=True) for h in tr.hidden],
+                attn_branch=[kernel_matrix(flat(h), mean=True) for h in tr.attn_out])

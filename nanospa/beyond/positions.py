@@ -1,13 +1,14 @@
-"""Positions inside attention, the model's side (docs/positions.md): RoPE's rotation of
-queries and keys as one op, and the fixed logit biases of ALiBi (and ALiBi added to a
-stored B_l) as the blocks model.Attention's dense and blockwise paths ask for.
+"""Positions inside attention, the model's side (docs/positions.md): the position schemes
+pos="rope", "alibi" and "spa_prior", each a model.Position (registered in beyond.EXTENSIONS)
+with a hook per block on its queries, keys or logits and what it is at initialisation.
 
-    Rope                 the Function: y = R_t x, forward above backward, on raw xp arrays
-    rope(x, cos, sin)    its Tensor spelling; rope_tables(cfg) the (cos, sin) it needs
-    alibi_slopes(cfg)    ALiBi's slopes m_h for pos="alibi" (on the current device), else None
-    fixed_bias(parts, slopes, i0, i1, j0, j1, dtype)
-                         block [i0:i1, j0:j1] of SPA's (or the prior's) B_l from its O(T) parts,
-                         plus -m_h (i - j) per head: (n, w), or (H, n, w) with ALiBi
+    RoPE, RopeHook       queries and keys rotated by position (the Function Rope: y = R_t x,
+                         forward above backward; rope(x, cos, sin) its Tensor spelling); at init
+                         the mean field's rotation (rotation_at_init)
+    ALiBi, AlibiHook     -m_h (i - j) added to head h's logits, block by block on the device, in
+                         float64 with any other fixed logits and rounded once; at init that bias
+    SPAPrior, PriorHook  E-SPA's B_l of another model added to softmax's logits, stored as a
+                         buffer attn.B (or by blocks); at init that B_l
 
 RoPE (RoFormer's convention, interleaved pairs): at position t, each pair (x[2k], x[2k+1])
 of a head's query or key is rotated by the angle t theta_k, theta_k = 10000^(-2k/D):
@@ -18,16 +19,33 @@ of a head's query or key is rotated by the angle t theta_k, theta_k = 10000^(-2k
 It is linear and orthogonal, so its backward is the inverse rotation (sin -> -sin), and
 q_i . k_j depends on i and j only through j - i. The numbers (slopes, frequencies, the
 prior's plan) come from nanospa.signal.beyond.positions; here they are only cast and applied.
-Not here: learned and sinusoidal positions (added to the embedding: model.GPT.embed), the
-SPA biases themselves (nanospa.signal.attn_bias), the attention op (attention.py, fused.py).
+Not here: learned and sinusoidal positions (added to the embedding: model.Position), the
+SPA biases themselves (nanospa.signal.attn_bias), the attention op (model.py, fused.py).
 """
 import functools
 
 import numpy as np
 
 from .. import backend
-from ..signal.attn_bias import bias_block
-from ..signal.beyond.positions import alibi_bias, rope_angles
+from .. import signal
+from ..model import Position
+
+
+class LogitPosition(Position):
+    """The schemes here add nothing to the embedding: Sigma_0 is the kernel without positions."""
+
+    def build(self, model, rng):
+        pass
+
+    def embed(self, model, x, T):
+        return x
+
+    @staticmethod
+    def at_init(cfg, T=None, tokens=None):
+        return signal.input_kernel(tokens, T, pos="none")
+from ..nn import Parameter
+from ..signal.attn_bias import bias_block, dense_layer_bias, layer_bias
+from ..signal.beyond.positions import alibi_bias, rope_angles, rope_frequencies
 from ..signal.beyond.positions import alibi_slopes as signal_alibi_slopes
 from ..tensor import Function
 
@@ -71,38 +89,126 @@ def _tables(T, D, dtype, xp):
     return backend.asarray(np.cos(angles), dtype=dtype), backend.asarray(np.sin(angles), dtype=dtype)
 
 
-def rope_tables(cfg):
-    """(cos, sin) of the angles t theta_k, (block_size, D/2) in the model's dtype on the
-    current device, for pos="rope" (shared by every layer and model of the same shape);
-    else None."""
-    if cfg.pos != "rope":
-        return None
-    return _tables(cfg.block_size, cfg.n_embd // cfg.n_head, cfg.dtype, backend.xp())
+class RoPE(LogitPosition):
+    """pos="rope": every block's queries and keys rotated by position (RopeHook); at init the
+    softmax mean field's logits rotate too (signal.softmax_attention_map's rope), and with
+    W^Q = 0 RoPE changes nothing."""
+
+    def build(self, model, rng):
+        cfg = self.cfg   # (cos, sin) (block_size, D/2), shared by every layer and model of the same shape
+        self.tables = _tables(cfg.block_size, cfg.n_embd // cfg.n_head, cfg.dtype, backend.xp())
+
+    def hooks(self, layer):
+        return [RopeHook(*self.tables)]
+
+    @staticmethod
+    def rotation_at_init(cfg):
+        return rope_frequencies(cfg.n_embd // cfg.n_head)
 
 
-def alibi_slopes(cfg):
-    """ALiBi's slopes (n_head,) float64 on the current device for pos="alibi", else None."""
-    return backend.asarray(signal_alibi_slopes(cfg.n_head)) if cfg.pos == "alibi" else None
+class RopeHook:
+    def __init__(self, cos, sin):
+        self.cos, self.sin = cos, sin
+
+    def attach(self, attn):
+        pass
+
+    def logits(self, q, k, scale, bias):
+        return rope(q, self.cos, self.sin), rope(k, self.cos, self.sin), scale, bias
 
 
-def fixed_bias(parts, slopes, i0, i1, j0, j1, dtype):
-    """The constant logit bias of block [i0:i1, j0:j1] as an array of `dtype`, made where
-    the parts and slopes are (on a GPU, on it: nothing is copied per block): B_l from its
-    O(T) parts (bias_block, -inf above the diagonal; parts None: none), plus ALiBi's
-    -m_h (i - j) when slopes is given, which makes it (H, n, w). Computed in float64 and
-    rounded once; without slopes exactly bias_block(parts, ..., dtype)."""
-    arrays = [v for v in (parts or {}).values() if hasattr(v, "shape")] + ([] if slopes is None else [slopes])
-    xp = backend.xp_of(*arrays)
-    if slopes is None:
-        return bias_block(parts, i0, i1, j0, j1, dtype, xp=xp)
-    alibi = alibi_bias(slopes, i0, i1, j0, j1, xp=xp)          # (H, n, w) float64
-    if parts is not None:
-        alibi = alibi + bias_block(parts, i0, i1, j0, j1, xp=xp)
-    return alibi.astype(dtype, copy=False)
+class ALiBi(LogitPosition):
+    """pos="alibi": -m_h (i - j) added to head h's scaled logits (AlibiHook; with the slopes on
+    the model's device, each block of the bias made there), nothing added to the embedding."""
+
+    def build(self, model, rng):
+        self.slopes = backend.asarray(signal_alibi_slopes(self.cfg.n_head))   # (H,) float64
+
+    def hooks(self, layer):
+        return [AlibiHook(self.slopes)]
+
+    @staticmethod
+    def logit_bias_at_init(cfg, plan, layer, T):
+        return alibi_bias(signal_alibi_slopes(cfg.n_head), 0, T, 0, T)
 
 
-def on_device(parts):
-    """A layer's bias parts (signal.layer_bias's dict of float64 arrays) with each array on
-    the current device, once, when the model is built: the blocks are then made there."""
-    return None if parts is None else {k: backend.asarray(v) if isinstance(v, np.ndarray) else v
-                                       for k, v in parts.items()}
+class AlibiHook:
+    """Adds -m_h (i - j) to the fixed logits' blocks: computed in float64 with whatever blocks
+    there were (SPA's B_l by blocks) and rounded once; (H, n, w), one bias per head."""
+
+    def __init__(self, slopes):
+        self.slopes = slopes
+
+    def attach(self, attn):
+        pass
+
+    def logits(self, q, k, scale, bias):
+        return q, k, scale, self.bias(bias)
+
+    def bias(self, bias):
+        stored, inner = bias
+        xp = backend.xp_of(self.slopes)
+
+        def blocks(i0, i1, j0, j1, dtype):
+            made = alibi_bias(self.slopes, i0, i1, j0, j1, xp=xp)        # (H, n, w) float64
+            if inner is not None:
+                made = made + inner(i0, i1, j0, j1, np.float64)
+            return made.astype(dtype, copy=False)
+        return stored, blocks
+
+
+class SPAPrior(LogitPosition):
+    """pos="spa_prior" (softmax or Value-SkipInit attention): E-SPA's B_l of the model
+    positions.spa_prior_config describes added to every block's logits (PriorHook), without
+    its D_l; the plan's prior (signal.make_plan) holds that model's plan."""
+
+    def hooks(self, layer):
+        return [PriorHook(self.cfg, self.plan.prior, layer)]
+
+    @staticmethod
+    def logit_bias_at_init(cfg, plan, layer, T):
+        return dense_layer_bias(plan.prior, layer, T)[0]
+
+
+class PriorHook:
+    """The prior's B_l on the attention it attaches to: attn.B, a (T, T) buffer (a Parameter
+    with train_bias), or its O(T) parts attn.parts where attention is evaluated by blocks."""
+
+    def __init__(self, cfg, prior, layer):
+        self.cfg, self.prior, self.layer = cfg, prior, layer
+
+    def attach(self, attn):
+        cfg, T = self.cfg, self.cfg.block_size
+        parts, _ = layer_bias(self.prior, self.layer)
+        self.attn, attn.parts = attn, None
+        if cfg.train_bias:
+            attn.B = Parameter(np.tril(bias_block(parts, 0, T, 0, T)), no_decay=True, dtype=cfg.dtype)
+        elif getattr(attn.evaluate, "by_blocks", False):
+            attn.parts = {k: backend.asarray(v) if isinstance(v, np.ndarray) else v for k, v in parts.items()}
+        else:
+            attn.register_buffer("B", backend.asarray(np.tril(bias_block(parts, 0, T, 0, T)), dtype=cfg.dtype))
+
+    def logits(self, q, k, scale, bias):
+        return q, k, scale, self.bias(bias)
+
+    def bias(self, bias):
+        parts = self.attn.parts
+        if parts is None:
+            return self.attn.B, bias[1]
+        xp = backend.xp_of(*(v for v in parts.values() if hasattr(v, "shape")))
+        return bias[0], lambda i0, i1, j0, j1, dtype: bias_block(parts, i0, i1, j0, j1, dtype, xp=xp)
+
+
+def check_config(cfg):
+    """ValueError naming a position scheme's field that cannot work: RoPE needs an even head
+    width; E-SPA's prior needs attention without a B_l of its own and T >= 2."""
+    if cfg.pos == "rope" and cfg.n_embd // cfg.n_head % 2:
+        raise ValueError(f"GPTConfig.pos='rope' rotates pairs of coordinates: the head width n_embd / n_head = "
+                         f"{cfg.n_embd // cfg.n_head} must be even")
+    if cfg.pos == "spa_prior" and cfg.attention in ("uspa", "espa"):
+        raise ValueError(f"GPTConfig.pos='spa_prior' gives attention without SPA E-SPA's bias B_l; "
+                         f"attention={cfg.attention!r} has its own: use pos='none' there, or attention in "
+                         f"['softmax', 'value_skipinit']")
+    if cfg.pos == "spa_prior" and cfg.block_size < 2:
+        raise ValueError(f"GPTConfig.block_size={cfg.block_size} is too small for pos='spa_prior': SPA shapes the "
+                         "correlations between positions, so it needs block_size >= 2")

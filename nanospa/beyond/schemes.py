@@ -1,26 +1,75 @@
-"""The residual schemes beyond the paper's, as far as they touch the paper's own modules
-(docs/residuals.md): which combinations GPTConfig accepts, DeepNorm's initial gain and
-RealFormer's carried attention scores.
+"""The residual schemes beyond the paper's (docs/residuals.md): DeepNorm, RealFormer's carried
+attention scores, and the combination rules of every scheme here and in ngpt.py.
 
-    check_config(cfg)           the combination rules (ValueError naming the field)
-    residual_weights(cfg)       (a, b) of a block's x -> a x + b f(x)
-    deepnorm_init(block, N)     W^V, W^O, W_1, W_2 of one block times beta = (8N)^(-1/4)
-    carry_scores(carry, S)      RealFormer: S_l = Q_l K_l^T / sqrt(d_k) + S_{l-1}
+    DeepNorm            residual="deepnorm": x_{l+1} = N(alpha x_l + G_l(x_l)), alpha = (2N)^(1/4)
+                        (Post-LN), with G's W^V, W^O, W_1, W_2 times beta = (8N)^(-1/4) at init;
+                        a model.Residual whose (a, b) = (alpha, 1) and branch gain beta^2 come from
+                        signal/beyond/residuals.py (its kernel map at init is model.Residual's)
+    carried_scores_attention   residual_attention=True (RealFormer): softmax(S_l + B_l + mask)
+                        with S_l = Q_l K_l^T / sqrt(d_k) + S_{l-1}, the content scores carried
+                        from block to block, B_l fresh; its map at init adds the carried layers'
+                        logits (predict.BlockMaps, carries_scores)
+    resolve_auto(cfg), check_config(cfg)   the "auto" values these schemes choose, and the
+                        combinations GPTConfig accepts (ValueError naming the field)
 
-    residual="deepnorm"         x_{l+1} = N(alpha x_l + G_l(x_l)), alpha = (2N)^(1/4)  (Post-LN)
-    residual_attention=True     softmax(S_l + B_l + mask): the content scores carried, B_l fresh
-    residual="ngpt"             nanospa/beyond/ngpt.py (its own block, embedding and head)
+    residual="ngpt"     nanospa/beyond/ngpt.py (its own block, embedding and head)
 
-Not here: nGPT's modules (ngpt.py), the constants (signal/residuals.py), the wide-limit
-maps (signal/maps.py), the block itself (model.py).
+Not here: nGPT's modules (ngpt.py), the constants (signal/beyond/residuals.py), the paper's
+residuals (model.Residual).
 """
-import math
-
+from .. import fused
+from ..model import Residual, dense_bias
 from ..signal import split_activation
-from ..signal.beyond.residuals import deepnorm_alpha, deepnorm_beta
+from ..signal.beyond.residuals import deepnorm_beta
 
 DEEPNORM_NORMS = ("layernorm", "rmsnorm")
 ADDITIVE_POSITIONS = ("learned", "sinusoidal")   # nGPT: a sum of two unit vectors leaves the sphere
+
+
+class DeepNorm(Residual):
+    """DeepNet's residual (Wang et al. 2022, decoder-only constants): x' = alpha x + f(x) before
+    the post-norm, and the block's W^V, W^O, W_1, W_2 times beta = (8N)^(-1/4) after the block
+    drew them (so every random draw is the Post-LN model's; W^Q, W^K keep theirs)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.beta = deepnorm_beta(cfg.n_layer)
+
+    def init_block(self, block):
+        for layer in (block.attn.v, block.attn.proj, block.mlp.fc, block.mlp.proj):
+            layer.weight.data = layer.weight.data * self.beta
+
+
+def carry_scores(carry, scores):
+    """RealFormer: S_l = scores + S_{l-1} (scores = Q_l K_l^T / sqrt(d_k), (B, H, T, T)),
+    kept in `carry` (a dict that one forward pass hands from block to block) for layer l+1.
+    The carried Tensor stays in the graph, so gradients flow through it to earlier layers."""
+    previous = carry.get("scores")
+    if previous is not None:
+        scores = scores + previous
+    carry["scores"] = scores
+    return scores
+
+
+def carried_scores_attention(q, k, v, scale, bias, carry=None):
+    """model.dense_attention with RealFormer's carried scores: softmax(S_l + B_l + mask) V."""
+    scores = q @ k.transpose(0, 1, 3, 2) * scale                    # (B, H, T, T)
+    if carry is not None:
+        scores = carry_scores(carry, scores)
+    P = fused.softmax(scores, dense_bias(bias, q.shape[-2], q.dtype), scale=1.0, causal=True)
+    return P @ v, P
+
+
+carried_scores_attention.carries_scores = True      # predict.BlockMaps: the layers' logits add
+
+
+def resolve_auto(cfg):
+    """The "auto" values these schemes decide: nGPT's attention is softmax (with unit q, k);
+    DeepNorm is Post-LN."""
+    if cfg.attention == "auto" and cfg.residual == "ngpt":
+        cfg.attention = "softmax"
+    if cfg.norm_position == "auto" and cfg.residual == "deepnorm":
+        cfg.norm_position = "post"
 
 
 def _refuse(field, value, why):
@@ -64,33 +113,3 @@ def check_config(cfg):
     if cfg.residual_attention and cfg.attention_impl == "blockwise":
         _refuse("attention_impl", cfg.attention_impl, "with residual_attention=True: the carried "
                                                       "scores are (B, H, T, T), use 'dense' or 'auto'")
-
-
-def residual_weights(cfg):
-    """(a, b) of x -> a x + b f(x): normalised (sqrt(1 - beta_r^2), beta_r), deepnorm
-    (alpha, 1), otherwise (1, 1) (a standard residual; unused without one)."""
-    if cfg.residual == "normalised":
-        return math.sqrt(1.0 - cfg.residual_beta ** 2), float(cfg.residual_beta)
-    if cfg.residual == "deepnorm":
-        return deepnorm_alpha(cfg.n_layer), 1.0
-    return 1.0, 1.0
-
-
-def deepnorm_init(block, n_layer):
-    """Scale the value, output-projection and MLP weights of `block` by beta = (8N)^(-1/4)
-    (DeepNet's decoder-only constant; W^Q, W^K keep theirs): after the block drew them,
-    so every random draw is the Post-LN model's."""
-    beta = deepnorm_beta(n_layer)
-    for layer in (block.attn.v, block.attn.proj, block.mlp.fc, block.mlp.proj):
-        layer.weight.data = layer.weight.data * beta
-
-
-def carry_scores(carry, scores):
-    """RealFormer: S_l = scores + S_{l-1} (scores = Q_l K_l^T / sqrt(d_k), (B, H, T, T)),
-    kept in `carry` (a dict that one forward pass hands from block to block) for layer l+1.
-    The carried Tensor stays in the graph, so gradients flow through it to earlier layers."""
-    previous = carry.get("scores")
-    if previous is not None:
-        scores = scores + previous
-    carry["scores"] = scores
-    return scores

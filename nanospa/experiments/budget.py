@@ -6,7 +6,7 @@ with shaped MLPs under each budget policy, against vanilla standard attention an
 
 Two parts, both written to --out (default results/budget):
 
-1. At initialisation, for every method: the predicted (wide-limit, signal.predict_kernels)
+1. At initialisation, for every method: the predicted (wide-limit, predict.predict_kernels)
    kernel statistics after every block next to those measured on the same model at width
    --measure_width in float64 (distinct tokens, Sigma_0 = I, and a batch of real text,
    each row predicted from its own input kernel): init.json and init.md.
@@ -28,8 +28,9 @@ from .runner import PRE_LN, Method
 from ..run.settings import run_command
 from ..measure import measure_config, measured_kernels, token_batch
 from ..model import GPT
-from ..signal import kernel_stats, make_plan, normalised_kernel, predict_kernels
-from ..signal.table import predicted_kernels
+from ..predict import predict_kernels
+from ..signal import kernel_stats, make_plan, normalised_kernel
+from ..predict import predicted_kernels
 
 NAME = "budget"
 TITLE = "kernel budget: deep vanilla E-SPA with shaped MLPs under each budget policy"

@@ -9,7 +9,7 @@ activation; every other GPTConfig field at its default unless set):
 
     attention-only     the attention-only network of the paper's analysis (method §3.2):
                        the SPA target kernels, or the uniform-attention recursion (§3.4)
-    model, predicted   the whole model with its MLPs, wide limit (signal.predict_kernels)
+    model, predicted   the whole model with its MLPs, wide limit (predict.predict_kernels)
     model, measured    a float64 GPT of width --width at init, on --batch token sequences
 
 No training, so no learning-rate grid; the device is the CPU. Outputs: result.json (the
@@ -28,7 +28,8 @@ from . import report, runner
 from ..measure import measure_config, measured_model_kernels, token_batch
 from ..run.settings import check_output_dir, help_text, parse_settings, run_command, wants_help
 from ..signal import make_plan, normalised_kernel
-from ..signal.table import attention_only_kernels, check_depths, predicted_kernels, summary
+from ..predict import attention_only_kernels, predicted_kernels
+from ..signal.table import check_depths, summary
 
 NAME = "fig1"
 TITLE = "normalised kernels at init: standard attention collapses, U-SPA and E-SPA do not"

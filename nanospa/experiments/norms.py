@@ -113,7 +113,7 @@ def at_init(settings, configs, ds):
     from ..config import GPTConfig
     from ..measure import layer_stats, measured_kernels
     from ..model import GPT
-    from ..signal.table import predicted_kernels
+    from ..predict import predicted_kernels
     import data as nanospa_data
     T = settings["block_size"]
     probe, _ = nanospa_data.get_batch(ds.val, PROBE_ROWS, T, np.random.default_rng(0))

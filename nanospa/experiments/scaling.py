@@ -231,7 +231,7 @@ def at_init(settings, configs, ds):
     from ..config import GPTConfig
     from ..measure import layer_stats, measured_kernels
     from ..model import GPT
-    from ..signal.table import predicted_kernels
+    from ..predict import predicted_kernels
     import data as nanospa_data
     probe, _ = nanospa_data.get_batch(ds.val, 4, settings["block_size"], np.random.default_rng(0))
     out = {}

@@ -31,7 +31,7 @@ one line naming it; if they have not all reached exit within EXIT_GRACE_S (a ran
 elsewhere, or blocked in an NCCL kernel), it calls MPI_Abort, which ends the job.
 
 Not here: the training loop (train.py), the threads inside a rank (run/threads.py),
-devices and CuPy (backend.py), the measurement (distributed_bench.py).
+devices and CuPy (backend.py), the measurement (bench/ranks.py).
 """
 import atexit
 import os

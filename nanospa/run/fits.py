@@ -20,7 +20,7 @@ counts only what a step surely holds at once, so it refuses nothing that could r
     gradients    one per parameter, at the update
     activations  at the end of the forward: the logits, 2 B T V with their softmax, and per
                  layer the block input and the MLP's hidden activations, L B T (1 + mlp_ratio)
-                 C; dense attention (beyond/blockwise.py's choice at this T) adds its softmax
+                 C; dense attention (model.evaluation's choice at this T) adds its softmax
                  output, L B H T^2
     signal       at an evaluation, the signal statistics on `probe` = (rows, positions): the
                  2L + 1 float64 kernels (positions^2) and the traced states they come from
@@ -42,11 +42,11 @@ HELD = ("weights", "kfac", "batches")        # held the whole run; the other par
 def least_bytes(cfg, batch, held_tokens=0, probe=None, kfac=False):
     """{part: bytes} of a run of GPT(cfg) on `batch` sequences a step (see above); it needs at
     least the parts held the whole run (HELD) plus the largest of the others (total)."""
-    from ..beyond import blockwise
+    from ..model import evaluation
     L, C, T, V, H, M = cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.vocab_size, cfg.n_head, cfg.mlp_ratio * cfg.n_embd
     size = 8 if cfg.dtype == "float64" else 4
     params = L * (4 + 2 * cfg.mlp_ratio) * C * C + 2 * V * C
-    attention = L * batch * H * T * T if blockwise.implementation(cfg) == "dense" else 0
+    attention = L * batch * H * T * T if not getattr(evaluation(cfg), "by_blocks", False) else 0
     parts = dict(weights=3 * params * size, gradients=params * size,
                  activations=(2 * batch * T * V + L * batch * T * (1 + cfg.mlp_ratio) * C + attention) * size)
     if kfac:                                  # per block: q, k, v, proj (C x C), fc (C x M), proj (M x C)

@@ -245,8 +245,9 @@ class StopNow(KeyboardInterrupt):
 
 
 class Abandoned(KeyboardInterrupt):
-    """The first SIGINT or SIGTERM inside Interrupts.abandoning(): the work in progress (a
-    step's gradients, which change no state) is dropped at once; the caller saves and stops."""
+    """The first SIGINT or SIGTERM, ending a training loop: raised at once inside
+    Interrupts.abandoning() (the work in progress, a step's gradients or an evaluation, is
+    dropped), or where the loop asks (run/session.py's stop_point); the Session saves and stops."""
     def __init__(self, signum):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum

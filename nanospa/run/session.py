@@ -14,27 +14,44 @@ processes and its signals, each behind one call, so that train.py shows the trai
                                 log cut back to the checkpoint and opened for appending;
                                 run.pending: the record of an evaluation a signal cut short,
                                 which the resumed run completes first (else None)
+        run.complete_pending(ev)   that record with its evaluation, logged
+        run.steps()             the loop's iterations, start .. max_iters - 1; a signal ends them
+        run.abandoning()        a context: in one process a signal inside drops the work at once
+                                (a step's gradients, an evaluation); under MPI, the step finishes
+        run.evaluation_of(record)   a context: a signal inside saves the state with `record`
+                                (step n's) pending, for the resumed run to evaluate and log
+        run.stop_point()        where every rank asks whether a signal came (a collective): an
+                                evaluation's micro-batches, and between steps
         run.watch(n, loss, norm)   step n's loss and gradient norm: Diverged when non-finite
                                 or exploded (EXPLODED); the best training loss kept
         run.log(record)         a record of log.jsonl (rank 0 writes)
         run.save(n, loss, state_loss)   the checkpoint of the state after n steps, written only
                                 from a good state (GOOD: finite, and state_loss, its loss on step
                                 n's batch, within GOOD x the best training loss); else a note
-        run.stop_signal()       SIGINT / SIGTERM received on any rank (a collective), or None
-        run.abandoning()        a context: in one process, a signal inside it raises
-                                rundir.Abandoned at once (under MPI, the step finishes first)
-        run.signum              the signal this process received, or None
         run.last_good()         the checkpoint a message names
+    run.signum, run.exit_status    after the `with`, reached only when a signal ended the loop:
+                                the signal N, and 128 + N
 
 One run per out_dir (run.lock), and SIGINT / SIGTERM handled from the start: before begin()
-a signal stops at once, after it the loop saves and stops (rundir.Interrupts). With
-eval_only nothing is locked or written. The file formats and their checks live in
-rundir.py and checkpoint.py; what a run does each step lives in train.py.
+a signal stops at once, after it the run saves and stops (rundir.Interrupts). With eval_only
+nothing is locked or written. The file formats and their checks live in rundir.py and
+checkpoint.py; what a run does each step lives in train.py.
+
+What a signal does to the loop is decided in one place, the Session's exit (_stopped). A
+signal ends the loop with rundir.Abandoned: in one process raised at once inside
+run.abandoning(), else at the next run.stop_point(), where every rank asks (a collective,
+so that all of them stop at the same point). Leaving the `with`, the Session saves the
+state after the last whole step n: with a step in progress, its batch wound back and its
+gradients dropped (only .grad had changed); with step n's evaluation in progress, its log
+record pending; not again when the state after n is saved already. It prints how to
+continue, and suppresses the exception: train() goes on after its `with` and returns
+128 + N. docs/running.md, "Exit status", says what each moment leaves.
 """
 import math
 import os
+import signal
 import sys
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import fields
 
 from ..config import GPTConfig
@@ -42,8 +59,8 @@ from ..config import GPTConfig
 from . import distributed
 from .checkpoint import (CheckpointError, NotFiniteError, check_same_data, data_identity, load_checkpoint, restore,
                          save_checkpoint, training_state)
-from .rundir import Interrupts, RunFiles, RunLock, check_run_dir, heal_log, held_files
-from .settings import SettingsError, parse_settings
+from .rundir import Abandoned, Interrupts, RunFiles, RunLock, check_run_dir, heal_log, held_files
+from .settings import EXIT_SIGNAL_BASE, SettingsError, parse_settings
 
 # What "diverged" and "good" mean (docs/running.md, "Exit status"). A model that guesses
 # uniformly scores ln(vocab) nats per token. A loss above EXPLODED times that has exploded: the
@@ -77,7 +94,8 @@ RESUME_KINDS = dict(
     run=("batch_size", "grad_accum", "eval_iters", "seed", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters",
          "weight_decay", "beta1", "beta2", "grad_clip", "mup_base_width", "kfac_damping", "kfac_damping_mode",
          "kfac_ema", "kfac_inv_interval", "kfac_inverse_dtype", "kfac_momentum", "kfac_kl_clip", "kfac_fisher",
-         "kfac_stats_fraction", "kfac_adam_lr_ratio"),
+         "kfac_stats_fraction", "kfac_adam_lr_ratio", "muon_momentum", "muon_nesterov", "muon_ns_steps",
+         "muon_adam_lr_ratio"),
 )
 PER_RUN = RESUME_KINDS["per_run"]              # never from a checkpoint
 EVALUATION = ("batch_size", "grad_accum", "eval_iters")   # they make the evaluation batches
@@ -180,6 +198,11 @@ class Session:
         self.world = distributed.world()              # size 1 without mpiexec: every collective is a no-op
         self.ckpt, self.start, self.nothing_to_do = None, 0, False
         self._stack = ExitStack()
+        # Where the loop is, for _stopped: the state's iteration n (after watch(n)), the step in
+        # progress (None between steps) and the batch generator before its batch, the record of
+        # an evaluation in progress, the iteration last saved, whether every rank has seen a signal.
+        self.n, self.loss, self.it, self.drawn, self.record = 0, None, None, None, None
+        self.saved_at, self._stop = None, False
 
     # ---- the settings, before any data is read --------------------------------------
     def __enter__(self):
@@ -196,9 +219,14 @@ class Session:
             raise
         return self
 
-    def __exit__(self, *exc):
-        self.files.close()
-        self._stack.close()
+    def __exit__(self, kind, e, tb):
+        try:
+            if kind is not None and issubclass(kind, Abandoned) and self.stop.armed:
+                self._stopped()                       # the one answer to a signal in the loop
+                return True                           # train() goes on after its `with`: 128 + N
+        finally:
+            self.files.close()
+            self._stack.close()
 
     def _resolve(self):
         s, world = self.settings, self.world
@@ -271,7 +299,7 @@ class Session:
             new = check_same_data(files.ckpt, self.ckpt["state"].get("data"), self.data, s["new_data"])
             self.start, best_val = restore(self.ckpt, optimizer, rng, model, files.ckpt)
             self.best_train = self.ckpt["state"].get("best_train_loss") or math.inf   # older checkpoints: none
-            files.saved_iter = self.start
+            files.saved_iter = self.saved_at = self.start
             if new:
                 best_val = math.inf
                 print(f"note: --new_data=True: training on {ds.name}, not the checkpoint's corpus; the best "
@@ -284,7 +312,7 @@ class Session:
                 if set(self.changed) & set(EVALUATION):
                     best_val = math.inf
             print(f"resumed from {files.ckpt} at iter {self.start}")
-        self.model, self.optimizer, self.rng, self.best_val = model, optimizer, rng, best_val
+        self.model, self.optimizer, self.rng, self.best_val, self.n = model, optimizer, rng, best_val, self.start
         if s["eval_only"]:
             return self.start, best_val, True
         self.stop.arm()                               # from here on a signal saves the state first
@@ -302,6 +330,17 @@ class Session:
             files.write(dict(iter=self.start, changed_on_resume={k: list(v) for k, v in self.changed.items()}))
         return self.start, best_val, (self.start == 0 and kept == 0) or self.pending is not None
 
+    def complete_pending(self, ev):
+        """The record of the evaluation a signal cut short (run.pending), with that evaluation
+        `ev` now made: logged, its validation loss counted, and the checkpoint written again
+        without it, so that a later resume from it (the run stopped before its next checkpoint,
+        or it was the last step) does not log it twice; nothing with eval_only."""
+        if self.pending and not self.settings["eval_only"]:
+            self.best_val = min(self.best_val, ev["val_loss"])
+            self.log(dict(self.pending, **ev))
+            self.pending = None
+            self.save(self.start, self.ckpt["state"].get("train_loss"))
+
     # ---- the files ---------------------------------------------------------------------
     def log(self, record, sync=False):
         self.files.write(record, sync=sync)
@@ -317,15 +356,16 @@ class Session:
             raise Diverged(f"the training loss exploded at iter {n}: {loss:.4g}, above {EXPLODED:g} ln(vocab) = "
                            f"{limit:.4g} (best {self.best_train:.4g}); stopped. Last good checkpoint: {self.last_good()}")
         self.best_train = min(self.best_train, loss)
+        self.n, self.loss = n, loss                   # the update follows: no signal stops a step there
 
     def save(self, n, loss, state_loss=None, pending=None):
         """The checkpoint of the state after n steps, written only from a finite state and, when
-        state_loss (its loss on step n's batch; None when a signal cut it short) is given, one
-        within GOOD x the best training
+        state_loss (its loss on step n's batch) is given, one within GOOD x the best training
         loss; else a note says which checkpoint stays (a non-finite state: Diverged, naming the
         first non-finite array). `pending`: the log record of step n, whose evaluation a signal
         cut short: stored, not logged; the resumed run evaluates and logs it. -> whether it was
         written."""
+        self.saved_at = n                             # tried: a signal now finds the state as saved
         if state_loss is not None and math.isfinite(state_loss) and state_loss > GOOD * self.best_train:
             print(f"note: the state after iter {n} scores {state_loss:.4g} on its batch, above {GOOD:g} x the best "
                   f"training loss ({self.best_train:.4g}): not saved; {self.last_good()} stays", file=sys.stderr)
@@ -342,23 +382,70 @@ class Session:
     def last_good(self):
         return self.files.last_good()
 
-    def stop_signal(self):
-        """The signal that reached any rank (a collective: every rank calls it each step), or None."""
-        signum = self.world.max(self.stop.signum or 0)
-        if signum:
-            self.stop.signum = signum
-        return signum or None
+    # ---- the loop's signals: the one place --------------------------------------------
+    def steps(self):
+        """The loop's iterations, start .. max_iters - 1. Before each, and after the last, every
+        rank asks whether a signal came (stop_point): if one did, the loop ends there, with the
+        state after the last step (_stopped)."""
+        for it in range(self.start, self.settings["max_iters"] + 1):
+            self.it = None                            # between steps
+            self.stop_point()
+            if it == self.settings["max_iters"]:
+                return
+            self.it, self.drawn = it, self.rng.bit_generator.state   # a dropped step draws its batch again
+            yield it
 
     def abandoning(self):
-        """Where a signal may drop the work at once (a step's gradients): one process only, as
-        the other ranks would wait for this one in their next collective."""
+        """Where a signal drops the work at once (a step's gradients, an evaluation): one process
+        only, as the other ranks would wait for this one in their next collective."""
         return self.stop.abandoning() if self.world.size == 1 else nullcontext()
+
+    @contextmanager
+    def evaluation_of(self, record):
+        """Inside, a signal saves the state with `record` (step n's log record) pending: the
+        resumed run evaluates and logs it before its first step."""
+        self.record = record
+        yield
+        self.record = None                            # not on an exception: _stopped reads it
+
+    def stop_point(self):
+        """rundir.Abandoned when a signal reached any rank: every rank calls it at the same points
+        (between steps, between an evaluation's micro-batches), so that all of them stop there."""
+        if self._stop or self._signalled():
+            raise Abandoned(self.signum)
+
+    def _signalled(self):
+        """Whether SIGINT / SIGTERM reached any rank (a collective: max over the ranks)."""
+        signum = self.world.max(self.stop.signum or 0)
+        if signum:
+            self.stop.signum, self._stop = signum, True
+        return self._stop
+
+    def _stopped(self):
+        """A signal ended the loop (rundir.Abandoned): save the state after the last whole step
+        n, and say how to continue. In step n + 1's gradients (one process) only .grad had
+        changed: its batch is drawn again on resume. In step n's evaluation: its record is
+        stored pending. After step n otherwise (its checkpoint's check of the state cut short, or
+        between steps): the state as it is, unless it is saved already."""
+        n = self.n
+        if self.record is not None:
+            self.save(n, self.loss, pending=self.record)
+        elif self.it is not None and self.it == n:
+            self.rng.bit_generator.state = self.drawn
+            self.optimizer.zero_grad()
+            self.save(n, None)
+        elif self.saved_at != n:
+            self.save(n, self.loss)
+        if self.world.is_main:
+            print(f"{signal.Signals(self.signum).name}: stopped at iter {n}, checkpoint saved to {self.files.ckpt}; "
+                  f"continue with {self.files.resume}", file=sys.stderr)
 
     @property
     def signum(self):
-        """The signal this process received (or stop_signal saw on another rank), or None."""
+        """The signal that stopped the run (this process's, or one another rank saw), or None."""
         return self.stop.signum
 
     @property
-    def resume_command(self):
-        return self.files.resume
+    def exit_status(self):
+        """128 + N after signal N (docs/running.md)."""
+        return EXIT_SIGNAL_BASE + self.signum

@@ -12,8 +12,10 @@ whose results do not depend on it beyond the order of a sum.
     parallel_map(fn, items)          [fn(x) for x in items] on the workers, in order
     slice_bounds(n, k)               where k slices of n batch entries start and end
     balanced_groups(costs, k)        k groups of near-equal cost, the same for the same input
-    sharded_backward(loss_fn, *batch)   one backward of a batch-mean loss, by slices
-    current_slice()                  which slice of sharded_backward this thread is running
+    sliced_loss(loss_fn, *batch)     the forward of a batch-mean loss by slices, one per thread:
+                                     a SlicedLoss, whose backward() runs each slice's on its thread
+    sharded_backward(loss_fn, *batch)   both at once: one backward of a batch-mean loss, by slices
+    current_slice()                  which slice of sliced_loss this thread is running
 
 Each worker should call single-threaded BLAS, or threads x BLAS threads compete for the
 cores: train.py sets OPENBLAS_NUM_THREADS=1 before NumPy loads (BLAS reads it once).
@@ -38,7 +40,7 @@ def threads():
 
 
 def set_threads(n):
-    """Use n worker threads for sharded_backward and the ops that split their work; returns
+    """Use n worker threads for sliced_loss and the ops that split their work; returns
     the previous count (hand it back to restore)."""
     global _threads
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -60,7 +62,7 @@ def cpu_threads(requested, batch_size, shares_blocks=False):
 
 
 def current_slice():
-    """The index of the slice of sharded_backward that the calling thread is running (0 outside
+    """The index of the slice of sliced_loss that the calling thread is running (0 outside
     one): a key that orders what slices record (BatchNorm's statistics) the same way whatever
     thread finished first, with nothing read from a device."""
     return getattr(_worker, "slice", 0)
@@ -147,37 +149,79 @@ def balanced_groups(costs, k):
     return [sorted(g) for g in groups if g]
 
 
-def sharded_backward(loss_fn, *batch, slices=None, weight=1.0):
-    """Back-propagate ``weight`` times the batch-mean loss ``loss_fn(*batch)`` in slices of
-    the batch (axis 0 of every array in ``batch``; default threads() slices), on the worker
-    threads. For a loss that is a mean over batch entries (cross-entropy over rows of equal
-    length),
+def sliced_loss(loss_fn, *batch, slices=None):
+    """The forward of a batch-mean loss ``loss_fn(*batch)`` in slices of the batch (axis 0 of
+    every array in ``batch``; default threads() slices), each on a worker thread: a SlicedLoss
+    holding one loss Tensor, with its graph, per slice. For a loss that is a mean over batch
+    entries (cross-entropy over rows of equal length),
 
         L = sum_s (n_s / n) L_s,      dL/dtheta = sum_s (n_s / n) dL_s/dtheta,
 
-    so slice s back-propagates from L_s with upstream gradient weight n_s / n into a dict of
-    its own, and the dicts are added to the leaves' ``.grad`` in slice order: the result does
-    not depend on thread timing. Returns weight * L as a Tensor without a graph. With one
-    slice and weight 1 this is loss_fn(*batch).backward()."""
+    so SlicedLoss.backward() back-propagates slice s from L_s with upstream gradient n_s / n,
+    on a worker thread, into a dict of its own, and adds the dicts to the leaves' ``.grad``
+    in slice order: the result does not depend on thread timing. With one slice this is
+    loss_fn(*batch) and its backward()."""
     n = len(batch[0])
     k = max(1, min(n, threads() if slices is None else slices))
     bounds = slice_bounds(n, k)
+    parts = parallel_map(lambda s: _on_slice(s, loss_fn, *(b[bounds[s]:bounds[s + 1]] for b in batch)), range(k))
+    return SlicedLoss(parts, bounds)
 
-    def run(s):
-        lo, hi = bounds[s], bounds[s + 1]
-        outer, _worker.slice = current_slice(), s
-        try:
-            loss = loss_fn(*(b[lo:hi] for b in batch))
-            w = weight * (hi - lo) / n
+
+def _on_slice(s, fn, *args):
+    """fn(*args) as slice s (current_slice() is s inside)."""
+    outer, _worker.slice = current_slice(), s
+    try:
+        return fn(*args)
+    finally:
+        _worker.slice = outer
+
+
+class SlicedLoss:
+    """A batch's mean loss whose slices' graphs were built on the worker threads (sliced_loss),
+    scaled by a number: ``loss * w`` is w times it (gradient accumulation's share of a
+    micro-batch). ``.data``: its value on the model's device, the slices' values added in
+    slice order; ``.backward()``: each slice's backward on a worker thread, into ``.grad`` in
+    slice order, the graphs freed as they go."""
+
+    def __init__(self, parts, bounds, scale=1.0):
+        self.parts, self.bounds, self.scale = parts, bounds, scale
+
+    def __mul__(self, w):
+        if not isinstance(w, (int, float)) or isinstance(w, bool):
+            raise TypeError(f"a SlicedLoss scales by a number, not {type(w).__name__}")
+        return SlicedLoss(self.parts, self.bounds, self.scale * w)
+
+    __rmul__ = __mul__
+
+    def _weights(self):                          # slice s's share of the scaled mean: scale n_s / n
+        n = self.bounds[-1]
+        return [self.scale * (hi - lo) / n for lo, hi in zip(self.bounds, self.bounds[1:])]
+
+    @property
+    def data(self):
+        total = None
+        for part, w in zip(self.parts, self._weights()):
+            total = part.data * w if total is None else total + part.data * w
+        return total
+
+    def backward(self):
+        weights = self._weights()
+
+        def run(s):
             grads = {}
-            loss.backward(w, leaf_grads=grads)
-        finally:
-            _worker.slice = outer
-        return loss.data * w, grads
+            _on_slice(s, self.parts[s].backward, weights[s], grads)   # Tensor.backward(grad, leaf_grads)
+            return grads
 
-    total = None
-    for value, grads in parallel_map(run, range(k)):  # results in slice order
-        for leaf, g in grads.items():
-            leaf.grad = g if leaf.grad is None else leaf.grad + g
-        total = value if total is None else total + value
-    return Tensor(total)
+        for grads in parallel_map(run, range(len(self.parts))):   # results in slice order
+            for leaf, g in grads.items():
+                leaf.grad = g if leaf.grad is None else leaf.grad + g
+
+
+def sharded_backward(loss_fn, *batch, slices=None, weight=1.0):
+    """Back-propagate ``weight`` times the batch-mean loss ``loss_fn(*batch)`` in slices of the
+    batch on the worker threads (sliced_loss, then its backward); returns weight * L as a
+    Tensor without a graph. With one slice and weight 1 this is loss_fn(*batch).backward()."""
+    loss = sliced_loss(loss_fn, *batch, slices=slices) * weight
+    loss.backward()
+    return Tensor(loss.data)

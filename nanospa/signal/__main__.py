@@ -5,13 +5,14 @@ the schedule value (gamma_l for E-SPA, rho_l for U-SPA), the range of the rescal
 smallest entry of A_l and the construction error max |A_l Sigma_{l-1} A_l^T - Sigma_l|; the
 attention-only target kernel (§3.2, §6, §7; for standard attention the uniform-attention
 recursion of §3.4); the combined prediction of the whole model with its MLPs (§10,
-signal.predict_kernels); and, with --empirical=True, the same statistics measured on a wide
+nanospa.predict.predict_kernels); and, with --empirical=True, the same statistics measured on a wide
 float64 GPT at init (nanospa/measure.py). With --plot=PATH.png it writes Figure-1-style
 heatmaps of the normalised kernels C_l of standard attention, U-SPA and E-SPA at --depths
 (§3.1; nanospa/experiments/fig1.py; matplotlib needed: pip install -e .[plot]).
 
 The only module of nanospa/signal/ that imports from outside it: the model's configuration
-(its fields are the settings), the measured model and the figure live above signal/.
+(its fields are the settings), the walks through the model's variants (nanospa/predict.py),
+the measured model and the figure live above signal/.
 
 Notation (docs/method.md §1)
 
@@ -32,8 +33,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 
 from .budget import make_plan
-from .predict import ATTENTION_AT_INIT
-from .table import check_depths, format_table, layer_table, predicted_kernels
+from .table import check_depths, format_table, layer_table
 
 SETTINGS = dict(
     empirical=False,    # also measure a wide float64 GPT at init on a token batch
@@ -70,6 +70,8 @@ def show(value, nested=False):
 
 def run(argv):
     from nanospa.config import GPTConfig
+    from nanospa.model import variant
+    from nanospa.predict import attention_only_kernels, predicted_kernels
     from nanospa.run.settings import check_output_file, help_text, need_matplotlib, parse_settings, wants_help
     cfg_defaults = {f.name: getattr(GPTConfig(), f.name) for f in fields(GPTConfig)}
     defaults = {**cfg_defaults, **SETTINGS}
@@ -101,6 +103,8 @@ def run(argv):
     act = plan.activation
     print(f"activation: {act.get('method') or 'plain'} {act['activation']} "
           + ", ".join(f"{k}={v:.6g}" for k, v in plan.params.items()))
+    for note in plan.notes:                           # a target the budget could not meet
+        print(f"note: {note}")
     measured, predicted = None, None
     if s["empirical"]:
         from nanospa.measure import measure_config, measured_model_kernels, token_batch
@@ -110,9 +114,10 @@ def run(argv):
         predicted = predicted_kernels(mcfg, plan, idx)
         print(f"measured: GPT at init, n_embd={s['width']}, float64, {s['batch']} sequences of "
               f"{'distinct tokens' if s['tokens'] == 'distinct' else 'text from ' + s['data']}, seed {s['seed']}")
-    rows = layer_table(cfg, plan, measured, predicted)
-    print(f"attn-only: the attention-only network, {ATTENTION_AT_INIT[cfg.attention]}; model: the whole model predicted "
-          "in the wide limit; measured: the GPT at init\n")
+    rows = layer_table(cfg, plan, attention_only_kernels(cfg, plan), predicted or predicted_kernels(cfg, plan),
+                       measured)
+    print(f"attn-only: the attention-only network, {variant('attention', cfg.attention).words(cfg)}; model: the whole "
+          "model predicted in the wide limit; measured: the GPT at init\n")
     print(format_table(cfg, rows, s["every"]))
     if s["plot"]:
         from nanospa.experiments.fig1 import figure1, plot_heatmaps

@@ -27,11 +27,11 @@ Notation (docs/activations.md §1-§2)
 
 Smooth phi: damped Newton on the per-layer conditions from dks's start order (§12); DKS
 leaky ReLU: closed form (§3); TAT leaky ReLU: bisection on beta (§5). Solutions are
-cached. The callables of ActivationTransform are the only code here meant for the device.
+cached. The result, ActivationTransform, holds the parameters and their phi_hat.
 
-Not here: the base activations and their derivatives (activations.py), quadrature, the
-Q/C maps and the leaky-ReLU closed forms (qc_maps.py), the per-layer targets a depth asks
-for (depth_targets.py), the model's use of phi_hat (nanospa/model.py).
+Not here: phi_hat itself (activations.PhiHat, which the engine runs on the device), the base
+activations and their derivatives (activations.py), quadrature, the Q/C maps and the leaky-ReLU
+closed forms (qc_maps.py), the per-layer targets a depth asks for (depth_targets.py).
 """
 import functools
 import itertools
@@ -43,17 +43,15 @@ from types import MappingProxyType
 
 import numpy as np
 
-from .activations import ACTIVATIONS, array_module, base_name
+from .activations import PARAM_KEYS, PhiHat, base_name
 from .depth_targets import (DEFAULT_TARGETS, chain_c0, check_depth, check_residual_beta, per_layer_targets,
                             subnet_max)
-from .qc_maps import PhiHat, alpha_of_beta
+from .qc_maps import alpha_of_beta, gauss_rule
 
 __all__ = [
     "PARAM_KEYS", "DEFAULT_TARGETS", "ActivationTransform", "activation_transform",
     "shaped_activation", "shaped_activation_names",
 ]
-
-PARAM_KEYS = ("input_scale", "input_shift", "output_shift", "output_scale", "negative_slope")
 
 # Newton (§12): a root is accepted when every |residual| < _NEWTON_TOL.
 _NEWTON_FD_STEP = 1e-6       # central-difference step of the Jacobian
@@ -82,15 +80,16 @@ _SOLVE_CACHE = 256           # solved transforms kept by _solve
 
 @dataclass(frozen=True, eq=False)
 class ActivationTransform(Mapping):
-    """A solved phi_hat: a read-only mapping of its parameters, and the callable itself.
+    """A solved phi_hat: a read-only mapping of its parameters, and phi_hat itself.
 
     Keys (dks names; a missing key means its step is skipped):
         input_scale, input_shift, output_shift, output_scale, negative_slope.
         DKS smooth: all but negative_slope.  TAT smooth: all but negative_slope.
         DKS leaky_relu: negative_slope, output_shift, output_scale.
         TAT leaky_relu: negative_slope, output_scale.   method "none": no keys.
-    t(x, xp=None) applies phi_hat to a NumPy or CuPy array, keeping its dtype;
-    t.derivative(x, xp=None) is phi_hat'(x); t.params is the dict of Python floats.
+    t.phi_hat is their activations.PhiHat, which the engine and the Q/C maps evaluate;
+    t(x, xp=None) and t.derivative(x, xp=None) are its phi_hat(x) and phi_hat'(x), in x's
+    dtype and module; t.params is the dict of Python floats.
     """
     activation: str
     method: str
@@ -100,6 +99,10 @@ class ActivationTransform(Mapping):
     local_targets: Mapping = field(default_factory=dict)
     residual_beta: object = None
     solve_seconds: float = 0.0
+    phi_hat: PhiHat = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "phi_hat", PhiHat.of(self.activation, self.params))
 
     def __getitem__(self, key):
         return self.params[key]
@@ -111,33 +114,10 @@ class ActivationTransform(Mapping):
         return len(self.params)
 
     def __call__(self, x, xp=None):
-        xp = array_module(x, xp)
-        p = self.params
-        if "input_scale" in p:
-            x = x * p["input_scale"]
-        if "input_shift" in p:
-            x = x + p["input_shift"]
-        kw = {"negative_slope": p["negative_slope"]} if "negative_slope" in p else {}
-        y = ACTIVATIONS[self.activation].fn(x, xp=xp, **kw)
-        if "output_shift" in p:
-            y = y + p["output_shift"]
-        if "output_scale" in p:
-            y = y * p["output_scale"]
-        return y
-
-    @property
-    def fn(self):
-        """phi_hat as a plain function (x, xp=None) -> array."""
-        return self.__call__
+        return self.phi_hat(x, xp)
 
     def derivative(self, x, xp=None):
-        """phi_hat'(x) = s a phi'(a x + b), same dtype as x (for a fused backward)."""
-        xp = array_module(x, xp)
-        p = self.params
-        a = p.get("input_scale", 1.0)
-        kw = {"negative_slope": p["negative_slope"]} if "negative_slope" in p else {}
-        d1 = ACTIVATIONS[self.activation].d1(x * a + p.get("input_shift", 0.0), xp, **kw)
-        return d1 * (a * p.get("output_scale", 1.0))
+        return self.phi_hat.d1(x, xp)
 
     def __repr__(self):
         ps = ", ".join(f"{k}={v:.10g}" for k, v in self.params.items())
@@ -157,11 +137,9 @@ def _local(name, a, b, o):
     """Per-layer quantities of phi_hat = s (phi(a x + b) + o), s set so that Q(1) = 1:
     output_scale, C(0), Q'(1), C'(1), C''(1) by the Price identities (§2), and
     mean = E[phi(a z + b)] + o."""
-    h = PhiHat(name, dict(input_scale=a, input_shift=b))
-    Z, W = h.rule()
-    x = a * Z + b
-    d1, d2 = h.base.d1(x, np, **h.kw), h.base.d2(x, np, **h.kw)
-    y, y1, y2 = h.base.fn(x, xp=np, **h.kw) + o, a * d1, a * a * d2     # phi_hat/s and derivatives
+    h = PhiHat(name, a, b, 1.0, o)                                       # phi_hat / s
+    Z, W = gauss_rule(h.kink)
+    y, y1, y2 = h(Z), h.d1(Z), h.d2(Z)
     s2 = 1.0 / (W @ (y * y))
     return dict(output_scale=math.sqrt(s2), C0=s2 * (W @ y) ** 2, Qslope=s2 * (W @ (y * y1 * Z)),
                 Cslope=s2 * (W @ (y1 * y1)), Ccurv=s2 * (W @ (y2 * y2)), mean=float(W @ y))

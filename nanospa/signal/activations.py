@@ -1,15 +1,16 @@
-"""Base activations phi and their first and second derivatives (docs/activations.md §2, §9).
+"""Base activations phi, their first and second derivatives, and the shaped phi_hat built on
+them (docs/activations.md §1, §2, §9).
 
 Holds the untransformed phi (linear, relu, leaky_relu, gelu, gelu_exact, tanh, sigmoid,
-softplus, elu, swish), their derivatives phi' and phi'', the ACTIVATIONS registry that both
-the engine and the float64 maths read (the one definition of each phi), and the named
-constants those formulas use. Every function takes (x, xp=None): xp is the
-array module (numpy or cupy), None meaning "the module x came from". Only xp functions
-and Python-float constants appear, so float32 inputs stay float32 (NumPy 2 promotion) and
-the same body runs on the device.
+softplus, elu, swish), their derivatives phi' and phi'', the ACTIVATIONS registry, phi_hat
+with its parameters (PhiHat), and the named constants those formulas use: the one definition
+of each, which both the engine and the float64 maths evaluate. Every function takes (x,
+xp=None): xp is the array module (numpy or cupy), None meaning "the module x came from". Only
+xp functions and Python-float constants appear, so float32 inputs stay float32 (NumPy 2
+promotion) and the same body runs on the device.
 
-Not here: Gaussian means of phi and the Q/C maps (qc_maps.py), the shaped phi_hat and
-its DKS/TAT parameters (act_transform.py).
+Not here: Gaussian means of phi_hat and the Q/C maps (qc_maps.py), the DKS/TAT solvers
+(act_transform.py).
 """
 import importlib
 import math
@@ -20,7 +21,7 @@ import numpy as np
 
 __all__ = [
     "LEAKY_RELU_SLOPE", "GELU_SQRT_2_OVER_PI", "GELU_CUBIC", "GELU_CUBIC_D1", "GELU_CUBIC_D2",
-    "ACTIVATIONS", "BaseActivation", "base_name", "array_module", "erf",
+    "ACTIVATIONS", "BaseActivation", "base_name", "array_module", "erf", "PARAM_KEYS", "PhiHat",
     "linear", "relu", "leaky_relu", "gelu", "gelu_exact", "tanh", "sigmoid", "softplus",
     "elu", "swish",
 ]
@@ -118,7 +119,7 @@ def swish(x, xp=None):
 #
 # Each takes (x, xp) with xp the array module; at a kink the right derivative for x > 0
 # and the left one otherwise. phi' is what the engine's backward multiplies by
-# (functions.Activation, functions.Shaped); phi'' enters the DKS/TAT conditions.
+# (functions.Activation, and functions.Shaped through PhiHat); phi'' enters the DKS/TAT conditions.
 
 def _one(x):
     return x * 0.0 + 1.0             # a constant 1 of x's shape and dtype
@@ -211,9 +212,10 @@ def _d2_swish(x, xp):
 class BaseActivation:
     """One base activation: phi and its first two derivatives, each (x, xp, **kw) on arrays
     of any float dtype and module. The one definition of phi: the engine's ops
-    (functions.Activation, functions.Shaped) evaluate fn and d1, the Q/C maps and the DKS/TAT
-    solvers fn, d1 and d2; tests/test_activations.py holds the three equal to each other
-    and to finite differences, in float64, for every entry."""
+    (functions.Activation, and functions.Shaped through PhiHat) evaluate fn and d1, the Q/C
+    maps and the DKS/TAT solvers (through PhiHat) fn, d1 and d2; tests/test_activations.py
+    holds the three equal to each other and to finite differences, in float64, for every
+    entry."""
     fn: object           # phi(x, xp=None, **kw)
     d1: object           # phi'(x, xp, **kw)
     d2: object           # phi''(x, xp, **kw)
@@ -239,3 +241,97 @@ def base_name(name):
     if name not in ACTIVATIONS:
         raise ValueError(f"unknown activation {name!r}; known: {sorted(ACTIVATIONS)}")
     return name
+
+
+# ------------------------------------------------------------- the shaped phi_hat, §1
+
+PARAM_KEYS = ("input_scale", "input_shift", "output_shift", "output_scale", "negative_slope")
+
+
+@dataclass(frozen=True)
+class PhiHat:
+    """phi_hat(x) = s (phi(a x + b) + o), the one definition that the engine (functions.Shaped:
+    pre, post, grad) and the float64 maths (qc_maps' quadrature, act_transform's solvers, whose
+    result carries it as .phi_hat) evaluate. base: an ACTIVATIONS name; a, b, o, s: dks's
+    input_scale, input_shift, output_shift, output_scale (PhiHat.of reads those names);
+    negative_slope: required for leaky_relu, refused elsewhere. Numbers are Python floats
+    (float32 stays float32); a step whose parameter is the identity is skipped."""
+    base: str
+    a: float = 1.0
+    b: float = 0.0
+    s: float = 1.0
+    o: float = 0.0
+    negative_slope: object = None
+
+    def __post_init__(self):
+        base_name(self.base)
+        if (self.negative_slope is None) == (self.base == "leaky_relu"):
+            raise ValueError(f"PhiHat: negative_slope={self.negative_slope!r} with base {self.base!r} "
+                             "(a slope is needed for 'leaky_relu' and only there)")
+        for k in ("a", "b", "s", "o") + (() if self.negative_slope is None else ("negative_slope",)):
+            object.__setattr__(self, k, float(getattr(self, k)))
+
+    @classmethod
+    def of(cls, base, params):
+        """From a mapping of PARAM_KEYS (a missing key: the identity; no slope: LEAKY_RELU_SLOPE)."""
+        g = params.get
+        slope = g("negative_slope", LEAKY_RELU_SLOPE) if base == "leaky_relu" else None
+        return cls(base, g("input_scale", 1.0), g("input_shift", 0.0), g("output_scale", 1.0),
+                   g("output_shift", 0.0), slope)
+
+    def _kw(self):
+        return {} if self.negative_slope is None else {"negative_slope": self.negative_slope}
+
+    def pre(self, x):
+        """u = a x + b, phi's argument."""
+        u = x * self.a if self.a != 1.0 else x
+        return u + self.b if self.b != 0.0 else u
+
+    def post(self, u, xp=None):
+        """phi_hat(x) = s (phi(u) + o) from u = pre(x)."""
+        y = ACTIVATIONS[self.base].fn(u, xp=array_module(u, xp), **self._kw())
+        if self.o != 0.0:
+            y = y + self.o
+        return y * self.s if self.s != 1.0 else y
+
+    def grad(self, u, g=None, xp=None):
+        """g phi_hat'(x) = g s a phi'(u) from u = pre(x); phi_hat'(x) itself when g is None."""
+        d = ACTIVATIONS[self.base].d1(u, array_module(u, xp), **self._kw())
+        if g is not None:
+            d = g * d
+        k = self.s * self.a
+        return d * k if k != 1.0 else d
+
+    def __call__(self, x, xp=None):
+        """phi_hat(x), in x's dtype and module."""
+        return self.post(self.pre(x), xp)
+
+    def d1(self, x, xp=None):
+        """phi_hat'(x) = s a phi'(a x + b)."""
+        return self.grad(self.pre(x), None, xp)
+
+    def d2(self, x, xp=None):
+        """phi_hat''(x) = s a^2 phi''(a x + b)."""
+        d = ACTIVATIONS[self.base].d2(self.pre(x), array_module(x, xp), **self._kw())
+        return d * (self.s * self.a * self.a)
+
+    @property
+    def kink(self):
+        """x* = -b/a, where phi_hat or a derivative jumps (a kinked phi); None when smooth."""
+        return -self.b / self.a if ACTIVATIONS[self.base].kinked and self.a != 0.0 else None
+
+    @property
+    def homogeneous(self):
+        """phi positively homogeneous (relu, leaky_relu), b = 0, a > 0: phi_hat(x) is
+        x (s a if x > 0 else s a alpha) + s o, the engine's fast path and the maps' closed forms."""
+        return self.base in ("relu", "leaky_relu") and self.b == 0.0 and self.a > 0.0
+
+    @property
+    def alpha(self):
+        return 0.0 if self.negative_slope is None else self.negative_slope
+
+    @property
+    def pieces(self):
+        """(s a, s a alpha, s o): a homogeneous phi_hat's slopes for x > 0 and x <= 0, its offset."""
+        k = self.s * self.a
+        return k, k * self.alpha, self.s * self.o

@@ -32,130 +32,27 @@ a_l = sqrt(1 - exp(-2 gamma_l)), eta / zeta / tau the activation targets
 predicted combined kernel after block l, X_l the kernel between two sequences with no token
 in common (the part of K_l common to all inputs), rho* and eta_net the joint targets.
 """
+import importlib
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
 
-import numpy as np
-
-from .act_transform import activation_transform, shaped_activation_names
-from .depth_targets import chain_c0
+from .depth_targets import DEFAULT_TARGETS
 from .kernels import DEFAULT_GAMMA_FINAL, SPA_KINDS, spa_schedule
-from .beyond.positions import spa_prior_config
-from .beyond import policies
+from .act_transform import activation_transform
+from .plan import Plan, activation_spec, max_eta, shaping_depth, uses_eta
 from .walks import JOINT_SOLVE_T, network_stats, pair_walk
 
 BUDGETS = ("independent", "joint", "qpreserve", "mlp_aware", "joint_qpreserve")
 DEFAULT_BUDGET = "joint"
 
 INDEPENDENT_GAMMA_FINAL = DEFAULT_GAMMA_FINAL   # the reimplementations' E-SPA gamma_L, 0.005
-INDEPENDENT_ETA = 0.9             # TAT's default C_f(0) target
-JOINT_NET_ETA = 0.9               # eta_net: TAT's C_f(0) target, for the whole network
+ETA = DEFAULT_TARGETS["eta"]      # TAT's C_f(0) target, 0.9: of the MLP chain (independent), of the
+                                  # whole network (joint's eta_net)
 JOINT_FINAL_CORR = 0.4            # rho*: adjacent correlation of the input-dependent part of K_L
 GAMMA_BOUNDS = (1e-4, 10.0)       # search range of the joint solve for gamma_L
 RHO_LOGIT_BOUNDS = (-8.0, 8.0)    # and for logit(rho_L) (U-SPA)
 ETA_MAX_MARGIN = 1e-9             # eta is kept this fraction below the largest reachable C_f(0)
 ROOT_TOL = 1e-5                   # the joint solve's tolerance on rho and on c_f0
 ETA_SEARCH_MIN = 1e-3             # the smallest eta the joint solve tries
-
-
-def frozen(value):
-    """A read-only copy: arrays with writeable=False, mappings as MappingProxyType, lists
-    and tuples as tuples (recursively)."""
-    if isinstance(value, np.ndarray):
-        value = value.copy()
-        value.flags.writeable = False
-        return value
-    if isinstance(value, Mapping):
-        return MappingProxyType({k: frozen(v) for k, v in value.items()})
-    if isinstance(value, (list, tuple)):
-        return tuple(frozen(v) for v in value)
-    return value
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The kernel budget's choices for one configuration; immutable once built (frozen
-    fields, read-only arrays and mappings).
-
-    policy      the kernel_budget policy
-    kind        "espa" / "uspa" for SPA attention, else None
-    n_layer, block_size   L and the T the plan was built for
-    schedule    (v_0, ..., v_L): gamma_l (E-SPA, v_0 = inf) or rho_l (U-SPA, v_0 = 0); None
-                without SPA. attn_bias.layer_bias(plan, l) gives block l's (B_l, D_l)
-    overrides   None, or per layer None / (None, D_l) / (B_l, D_l) where the policy moved
-                A_l off the schedule's closed form: qpreserve's D_l (B_l stays the closed
-                form), mlp_aware's realised A_l (a dense B_l: no closed form)
-    activation  the keyword arguments of act_transform.activation_transform for the MLP's
-                phi_hat: activation (base), method, and depth and targets when shaped
-    info        the chosen targets and what the policy predicted, for printing and logging
-    prior       pos="spa_prior": the Plan of the E-SPA model whose B_l the model adds to its
-                softmax logits (positions.spa_prior_config; its D_l is not used); else None
-    """
-    policy: str
-    kind: object
-    n_layer: int
-    block_size: int
-    schedule: tuple = None
-    overrides: tuple = None
-    activation: Mapping = None
-    info: Mapping = None
-    prior: object = None
-
-    def __post_init__(self):
-        for name in ("activation", "info"):
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, {})
-        for name in ("schedule", "overrides", "activation", "info"):
-            object.__setattr__(self, name, frozen(getattr(self, name)))
-
-    @property
-    def params(self):
-        """The shaped activation's parameters (input_scale, ..., negative_slope) as floats."""
-        return dict(activation_transform(**self.activation).params)
-
-
-def split_activation(name):
-    """'tat_lrelu' -> ('leaky_relu', 'tat'); a plain activation -> (name, None)."""
-    shaped = shaped_activation_names
-    if name in shaped:
-        base, method = shaped[name]
-        return base, method
-    return name, None
-
-
-def shaping_depth(cfg):
-    """Nonlinear layers on the longest path: one shaped activation per MLP block."""
-    return cfg.shaping_depth or cfg.n_layer
-
-
-def uses_eta(cfg):
-    """True when the activation's target is TAT leaky ReLU's eta = C_f(0)."""
-    return split_activation(cfg.activation) == ("leaky_relu", "tat")
-
-
-def activation_spec(cfg, eta=None):
-    """The keyword arguments of activation_transform for the MLP activation (eta only for
-    TAT leaky ReLU): {activation, method} for a plain activation, plus depth, the target
-    (zeta, eta or tau) and, with a normalised residual, residual_beta for a shaped one.
-    Solving it here checks that the target is reachable (ValueError otherwise)."""
-    base, method = split_activation(cfg.activation)
-    if method is None:
-        return dict(activation=base, method=None)
-    spec = dict(activation=base, method=method, depth=shaping_depth(cfg))
-    spec.update({"dks": {"zeta": cfg.zeta},
-                 "tat": {"eta": eta} if base == "leaky_relu" else {"tau": cfg.tau}}[method])
-    if cfg.residual == "normalised":
-        spec["residual_beta"] = cfg.residual_beta
-    activation_transform(**spec)
-    return spec
-
-
-def max_eta(cfg):
-    """The largest reachable C_f(0) of the TAT leaky-ReLU stack (plain ReLU layers)."""
-    rb = cfg.residual_beta if cfg.residual == "normalised" else None
-    return chain_c0(1.0 / math.pi, shaping_depth(cfg), rb)
 
 
 def _name(cfg):
@@ -266,11 +163,11 @@ def make_plan(cfg):
     name = _name(cfg)
     given = cfg.gamma_final if cfg.attention == "espa" else None
     d_rule = "qpreserve" if policy in ("qpreserve", "joint_qpreserve") else "spa"
-    eta = cfg.eta or INDEPENDENT_ETA
+    eta = cfg.eta or ETA
     final = None
     if joint:
         rho_star = cfg.final_corr or JOINT_FINAL_CORR
-        info.update(final_corr=rho_star, eta_net=JOINT_NET_ETA)
+        info.update(final_corr=rho_star, eta_net=ETA)
         if spa and not given and cfg.residual != "none":
             # With skips the block outputs stay close to the input kernel, so neither
             # whole-network target constrains the attention branch: its last SPA target
@@ -278,9 +175,9 @@ def make_plan(cfg):
             final = -math.log(rho_star) if cfg.attention == "espa" else rho_star
             info["joint_mode"] = "residual: attention-only final target"
             if not cfg.eta:
-                eta = min(JOINT_NET_ETA, max_eta(cfg) * (1.0 - ETA_MAX_MARGIN))
+                eta = min(ETA, max_eta(cfg) * (1.0 - ETA_MAX_MARGIN))
         elif spa and not given:
-            sol = joint_solution(cfg, rho_star, JOINT_NET_ETA, d_rule)
+            sol = joint_solution(cfg, rho_star, ETA, d_rule)
             final, eta = sol["final"], sol["eta"] or eta
             info.update(net_c_f0=sol["c_f0"], final_corr_achieved=sol["rho"],
                         final_corr_reached=sol["rho_reached"])
@@ -289,12 +186,14 @@ def make_plan(cfg):
             if sol["eta_clamped"]:
                 info["eta_clamped_to_max"] = True
         elif not cfg.eta:                           # no SPA schedule to solve: the MLP stack's
-            eta = min(JOINT_NET_ETA, max_eta(cfg) * (1.0 - ETA_MAX_MARGIN))   # own eta, clamped
+            eta = min(ETA, max_eta(cfg) * (1.0 - ETA_MAX_MARGIN))   # own eta, clamped
     activation = activation_spec(cfg, eta)
     if uses_eta(cfg):
         info["eta"] = eta
     common = dict(policy=policy, n_layer=cfg.n_layer, block_size=cfg.block_size, activation=activation)
+    common["notes"] = clamp_notes(cfg, eta, activation, info)
     if getattr(cfg, "pos", None) == "spa_prior":                # E-SPA's B_l for another model
+        spa_prior_config = importlib.import_module("nanospa.signal.beyond.positions").spa_prior_config
         common["prior"] = make_plan(spa_prior_config(cfg))
         info["spa_prior_gamma_final"] = common["prior"].info["gamma_final"]
     if not spa:
@@ -305,7 +204,20 @@ def make_plan(cfg):
     values = spa_schedule(cfg.attention, cfg.n_layer, final)
     overrides = None
     if policy in ("qpreserve", "mlp_aware", "joint_qpreserve"):   # A_l off the closed form
+        policies = importlib.import_module("nanospa.signal.beyond.policies")
         overrides, more = policies.overrides(cfg, activation, values, policy, final)
         info.update(more)
     return Plan(kind=cfg.attention, schedule=tuple(float(v) for v in values), overrides=overrides,
                 info=info, **common)
+
+
+def clamp_notes(cfg, eta, activation, info):
+    """The plan's notes, in words: where the MLPs' eta is the largest reachable C_f(0) (plain
+    ReLU layers, max_eta) because the budget aimed higher, the solved TAT leaky ReLU is a ReLU
+    up to rounding."""
+    if not uses_eta(cfg) or cfg.eta or eta < max_eta(cfg) * (1.0 - 2 * ETA_MAX_MARGIN):
+        return ()
+    slope = activation_transform(**activation).params.get("negative_slope", 0.0)
+    return (f"eta clamped to its largest reachable value {eta:.4g} (plain ReLU layers at depth "
+            f"{shaping_depth(cfg)}, below the target {ETA:g}): the TAT leaky ReLU's negative slope is "
+            f"{slope:.2g}, a ReLU",)

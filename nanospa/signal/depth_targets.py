@@ -16,7 +16,8 @@ DEFAULT_TARGETS = {"zeta": 1.5, "eta": 0.9, "tau": 0.3}   # dks's defaults for z
 
 
 def check_residual_beta(residual_beta):
-    """None (a skipless chain) or beta_r in (0, 1) as a float; beta_r = 1 is the chain."""
+    """None (a skipless chain) or beta_r in (0, 1) as a float; beta_r = 1 is accepted and is
+    the chain (None). ValueError outside (0, 1]."""
     if residual_beta is None:
         return None
     rb = float(residual_beta)

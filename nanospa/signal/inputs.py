@@ -1,11 +1,11 @@
-"""The input kernel Sigma_0 of a token sequence (docs/method.md §11), or of a whole batch
-(batch_input_kernel, for BatchNorm's maps), and the positional encodings it depends on.
+"""The input kernel Sigma_0 of a token sequence (docs/method.md §11) and the positional
+encodings it depends on (a whole batch's, for BatchNorm's maps: beyond/norm_maps.py).
 
 The model's embedding gives each token id a vector of variance sigma_e^2 per coordinate and
 (with additive positions, ADDITIVE_POSITIONS) adds one of variance sigma_p^2 = POS_VARIANCE,
-so that every position has q = 1 at the embedding output. The other positional schemes act
-on the attention logits (positions.py) and leave Sigma_0 as without positions. Not here:
-what the blocks do to Sigma_0 (maps.py, predict.py).
+so that every position has q = 1 at the embedding output. Positional schemes that act on the
+attention logits instead (beyond/positions.py) add nothing here: Sigma_0 is as without
+positions. Not here: what the blocks do to Sigma_0 (maps.py, nanospa/predict.py).
 """
 import math
 
@@ -15,8 +15,7 @@ from .kernels import check_T
 
 POS_VARIANCE = 0.5          # share of q = 1 given to positions when pos != "none" [nanospa's choice]
 SINUSOID_BASE = 10000.0     # the wavelength base of sinusoidal positions (Vaswani et al. 2017)
-POSITIONS = ("none", "learned", "sinusoidal", "alibi", "rope", "spa_prior")
-ADDITIVE_POSITIONS = ("learned", "sinusoidal")   # added to the embedding; the rest act in attention
+ADDITIVE_POSITIONS = ("learned", "sinusoidal")   # added to the embedding
 
 
 def token_variance(pos):
@@ -41,7 +40,7 @@ def input_kernel(tokens=None, T=None, pos="none", n_embd=None, pos_variance=POS_
 
         Sigma_0[i, j] = sigma_e^2 1[t_i = t_j] + sigma_p^2 1[i = j]      pos = "learned"
         Sigma_0[i, j] = sigma_e^2 1[t_i = t_j] + (P P^T / d)[i, j]       pos = "sinusoidal"
-        Sigma_0[i, j] = 1[t_i = t_j]                      pos = "none", "alibi", "rope", "spa_prior"
+        Sigma_0[i, j] = 1[t_i = t_j]                      pos = "none" (also for positions in the logits)
 
     with sigma_p^2 = pos_variance and sigma_e^2 = 1 - sigma_p^2 (sigma_e^2 = 1 without
     positions). tokens: a (T,) sequence of ids, or None for T distinct tokens (then
@@ -61,30 +60,16 @@ def input_kernel(tokens=None, T=None, pos="none", n_embd=None, pos_variance=POS_
             raise ValueError(f"T={T} does not match len(tokens)={t.size}")
         T = t.size
         same = (t[:, None] == t[None, :]).astype(np.float64)
-    if pos in ("none", "alibi", "rope", "spa_prior"):          # nothing added to the embedding
+    if pos == "none":
         return same
+    if pos not in ADDITIVE_POSITIONS:
+        raise ValueError(f"pos={pos!r} is not one of {['none', *ADDITIVE_POSITIONS]} (positions that act in "
+                         "the logits add nothing to the embedding: pass pos='none')")
     if not 0.0 < pos_variance < 1.0:
         raise ValueError(f"pos_variance must be in (0, 1), got {pos_variance}")
     if pos == "learned":
         return (1.0 - pos_variance) * same + pos_variance * np.eye(T)
-    if pos == "sinusoidal":
-        if not n_embd:
-            raise ValueError("input_kernel with pos='sinusoidal' needs n_embd")
-        P = sinusoidal_encoding(T, n_embd, pos_variance)
-        return (1.0 - pos_variance) * same + P @ P.T / n_embd
-    raise ValueError(f"pos={pos!r} is not one of {list(POSITIONS)}")
-
-
-def batch_input_kernel(tokens, pos="none", n_embd=None, pos_variance=POS_VARIANCE):
-    """Sigma_0 of all B T tokens of a batch (B, T) at once, (B T, B T) in sequence-major order
-    (index b T + t), for norms whose statistics couple the sequences (signal/norm_maps.py):
-    sigma_e^2 1[same token id] between any two tokens, plus the positional kernel of
-    input_kernel between positions t and t' of any two sequences (the same table row)."""
-    t = np.asarray(tokens)
-    if t.ndim != 2 or t.size == 0:
-        raise ValueError(f"tokens must be a non-empty (B, T) array, got shape {t.shape}")
-    B, T = t.shape
-    flat = t.reshape(-1)
-    var_e = 1.0 if pos == "none" else 1.0 - pos_variance
-    positions = input_kernel(T=T, pos=pos, n_embd=n_embd, pos_variance=pos_variance) - var_e * np.eye(T)
-    return var_e * (flat[:, None] == flat[None, :]) + np.tile(positions, (B, B))
+    if not n_embd:
+        raise ValueError("input_kernel with pos='sinusoidal' needs n_embd")
+    P = sinusoidal_encoding(T, n_embd, pos_variance)
+    return (1.0 - pos_variance) * same + P @ P.T / n_embd

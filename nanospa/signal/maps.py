@@ -3,27 +3,29 @@
 (T, T) kernel Sigma when n_embd -> inf with the model's own initialisation.
 
     attention_map          Sigma -> A Sigma A^T (heads sharing A, W^V W^O orthogonal; or per head)
-    softmax_attention_map  the mean field of causal softmax with random W^Q, W^K (+ ALiBi, RoPE)
+    softmax_attention_map  the mean field of causal softmax with random W^Q, W^K (+ fixed logits,
+                           RoPE's rotation: beyond/positions.py)
     MLPMap                 Sigma'_ij = E[phi_hat(u_i) phi_hat(u_j)], u ~ N(0, Sigma)
-    normalise              LayerNorm / RMSNorm / GroupNorm (Sigma -> C)
-    BlockMaps              one configuration's residual and norm arrangement (DeepNorm included;
-                           DyT, BatchNorm and PRepBN through beyond/norm_maps.py; nGPT's own maps:
-                           beyond/ngpt_maps.py)
+    normalise              LayerNorm / RMSNorm (Sigma -> C)
+    norm_kernel, residual_weights   a configuration's norm map and residual weights (a, b):
+                           the one dispatch, which the model's variants (model.py) and the
+                           kernel budget's walk both call; the extensions' maps (signal/beyond)
+                           are imported only when a configuration names one
 
-Not here: the input kernel (inputs.py), the walk through a whole model (predict.py), the
-attention matrices themselves (attn_bias.py) and the activation's parameters
-(act_transform.py). Everything is float64 NumPy. The model configuration is read by duck
-typing (its residual, residual_beta, norm, norm_position and uses_final_norm fields; n_layer
-for DeepNorm, n_embd and mlp_ratio for nGPT).
+Not here: the input kernel (inputs.py), the walk through a whole model (nanospa/predict.py,
+above the model, whose variants it reads), the attention matrices themselves (attn_bias.py)
+and the activation's parameters (act_transform.py). Everything is float64 NumPy. The model
+configuration is read by duck typing (its residual, residual_beta, norm, norm_position and
+uses_final_norm fields; n_layer for DeepNorm).
 """
+import importlib
+import math
+
 import numpy as np
 
 from .act_transform import activation_transform
 from .kernels import flush, normalised_kernel, uniform_causal_attention
-from .beyond.norm_maps import dyt_map, init_norm_map
 from .qc_maps import LocalMaps
-from .beyond.residuals import deepnorm_alpha, deepnorm_beta
-
 
 
 def attention_map(Sigma, A):
@@ -138,99 +140,30 @@ class MLPMap:
         return np.asarray(c, dtype=np.float64) if self.maps is None else self.maps.C(c)
 
 
-class BlockMaps:
-    """The wide-limit maps of one model configuration's sublayers (method §2.2):
+def norm_kernel(cfg, Sigma, batch=None):
+    """The kernel map at init of cfg's norm: none (the identity), LayerNorm and RMSNorm
+    (normalise), or an extension's (signal/beyond/norm_maps.py: DyT, BatchNorm, PRepBN,
+    GroupNorm; batch: None for kernels of one sequence, or B for a whole batch's)."""
+    if cfg.norm == "none":
+        return Sigma
+    if cfg.norm in ("layernorm", "rmsnorm"):
+        return normalise(Sigma)
+    return importlib.import_module("nanospa.signal.beyond.norm_maps").norm_kernel(cfg, Sigma, batch)
 
-        residual none        X' = f(N(X))
-        residual standard    X' = X + f(N(X))          (pre)   N(X + f(X)) (post)
-        residual normalised  X' = a X + b f(N(X)),  a^2 + b^2 = 1
-        residual deepnorm    X' = N(alpha X + f_beta(X))      (Post-LN, docs/residuals.md §1)
 
-    applied to kernels: sublayer(Sigma, f) -> (branch kernel, combined kernel). The cross
-    terms of a residual vanish because W^O and W_2 are random orthogonal matrices
-    independent of X. batch: None for kernels of one sequence (BatchNorm and PRepBN in
-    evaluation mode), or B for kernels of a whole batch (training mode: norm_maps).
-    DeepNorm's f_beta is the branch with W^V, W^O, W_1, W_2 scaled by
-    beta: attention(...) multiplies the attention branch by beta^4, mlp(...) is
-    beta^2 F(beta^2 Sigma). With RealFormer (cfg.residual_attention) the logits of a
-    softmax layer with random queries add the previous layers' (attention(carried=...))."""
+def residual_weights(cfg):
+    """(a, b, g2) of a block's x -> a x + b f(x) (method §2.2) and the kernel gain g2 of a
+    branch's weights: none (0, 1), standard (1, 1), normalised (sqrt(1 - beta^2), beta), g2 = 1;
+    an extension's from signal/beyond/residuals.py (DeepNorm: (alpha, 1), g2 = beta^2)."""
+    beta = cfg.residual_beta
+    paper = {"none": (0.0, 1.0, 1.0), "standard": (1.0, 1.0, 1.0),
+             "normalised": (math.sqrt(1.0 - beta ** 2), float(beta), 1.0)}
+    if cfg.residual in paper:
+        return paper[cfg.residual]
+    return importlib.import_module("nanospa.signal.beyond.residuals").residual_weights(cfg)
 
-    def __init__(self, cfg, activation, batch=None):
-        self.cfg, self.batch = cfg, batch
-        self.mlp_map = MLPMap(activation)
-        self.a2 = 1.0 - cfg.residual_beta ** 2
-        self.b2 = cfg.residual_beta ** 2
-        self.gain2 = None                                    # beta^2: one beta-scaled matrix
-        if cfg.residual == "deepnorm":
-            self.a2 = deepnorm_alpha(cfg.n_layer) ** 2       # the kernel of alpha X; f's weight is 1
-            self.gain2 = deepnorm_beta(cfg.n_layer) ** 2
 
-    def norm(self, Sigma):
-        if self.cfg.norm in ("layernorm", "rmsnorm"):
-            return normalise(Sigma)
-        if self.cfg.norm == "dyt":
-            return dyt_map(Sigma)
-        if self.cfg.norm in ("batchnorm", "prepbn", "groupnorm"):
-            return init_norm_map(Sigma, self.cfg, self.batch)
-        if self.cfg.norm == "none":
-            return Sigma
-        raise ValueError(f"BlockMaps: no kernel map for norm {self.cfg.norm!r}")
-
-    def embedding(self, Sigma_0):
-        """The kernel of the embedding output for a given input kernel (here itself)."""
-        return Sigma_0
-
-    def branch_input(self, Sigma):
-        return self.norm(Sigma) if self.cfg.norm_position == "pre" else Sigma
-
-    def logit_kernel(self, Sigma_in):
-        """The kernel K whose Gaussian logits Cov = K_ii' K_jj' random W^Q, W^K give."""
-        return Sigma_in
-
-    def attention(self, Sigma_in, A=None, n_samples=32, seed=0, carried=None, bias=None, rope=None):
-        """The attention branch's kernel: A Sigma A^T for a known A (exact at init), else
-        the softmax mean field (softmax_attention_map). carried: None, or RealFormer's list
-        of the logit kernels of the softmax layers before, to which this layer's is appended.
-        DeepNorm: times beta^4 (W^V and W^O scaled by beta; the logits are not)."""
-        if A is not None:
-            h = attention_map(Sigma_in, A)
-        else:
-            K = self.logit_kernel(Sigma_in)
-            kernels = [K] if carried is None else carried + [K]
-            if carried is not None:
-                carried.append(K)
-            h = softmax_attention_map(Sigma_in, n_samples, seed, logit_kernels=kernels, bias=bias, rope=rope)
-        return self.scale_attention(h)
-
-    def scale_attention(self, h):
-        """DeepNorm's beta^4 on an attention branch kernel (h itself otherwise)."""
-        return h if self.gain2 is None else self.gain2 ** 2 * h
-
-    def mlp(self, Sigma_in):
-        """The MLP branch's kernel: F(Sigma) (MLPMap), DeepNorm beta^2 F(beta^2 Sigma)."""
-        if self.gain2 is None:
-            return self.mlp_map(Sigma_in)
-        return self.gain2 * self.mlp_map(self.gain2 * Sigma_in)
-
-    def combine(self, Sigma_x, Sigma_h):
-        r = self.cfg.residual
-        if r == "standard":
-            out = Sigma_x + Sigma_h
-        elif r == "normalised":
-            out = self.a2 * Sigma_x + self.b2 * Sigma_h
-        elif r == "deepnorm":
-            out = self.a2 * Sigma_x + Sigma_h
-        elif r == "none":
-            out = Sigma_h
-        else:
-            raise ValueError(f"BlockMaps: no kernel map for residual {r!r}")
-        if self.cfg.norm != "none" and self.cfg.norm_position == "post":
-            out = self.norm(out)
-        return out
-
-    def sublayer(self, Sigma, f):
-        h = f(self.branch_input(Sigma))
-        return h, self.combine(Sigma, h)
-
-    def final(self, Sigma):
-        return self.norm(Sigma) if self.cfg.uses_final_norm else Sigma
+def residual_kernel(a, b, Sigma_x, Sigma_h):
+    """The kernel of a x + b h at init: a^2 Sigma_x + b^2 Sigma_h (the cross terms vanish:
+    W^O and W_2 are random orthogonal matrices independent of x)."""
+    return a * a * Sigma_x + b * b * Sigma_h

@@ -20,20 +20,21 @@ Quadrature (§8): probabilists' Gauss-Hermite for smooth phi_hat; for phi_hat wi
 (relu, leaky_relu; elu has a jump in phi'') Gauss-Legendre on [-12, 12] split at the kink
 x* = -b/a; for leaky ReLU with b = 0, a > 0 the exact closed forms. All float64 NumPy.
 
-Not here: the base activations (activations.py), the DKS/TAT solvers and the
-ActivationTransform object (act_transform.py); phi may be an ActivationTransform, which
-this module reads only through its `activation` and `params` attributes.
+Not here: phi_hat itself (activations.PhiHat, which the engine runs too), the DKS/TAT solvers
+(act_transform.py). phi may be a PhiHat, an ActivationTransform (read through .phi_hat), a base
+activation's name, or a user's float64 callable (DyT's tanh(alpha x), the tests' references).
 """
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 from numpy.polynomial.legendre import leggauss
 
-from .activations import ACTIVATIONS, LEAKY_RELU_SLOPE, base_name
+from .activations import PhiHat, base_name
 
-__all__ = ["PhiHat", "q_map", "c_map", "LocalMaps", "local_cmap",
+__all__ = ["gauss_rule", "bivariate", "q_map", "c_map", "LocalMaps", "local_cmap",
            "lrelu_beta", "alpha_of_beta", "lrelu_cmap_beta", "lrelu_cmap"]
 
 _GH_NODES = 160          # Gauss-Hermite nodes (per axis) for smooth means: ~1e-14 here (§8)
@@ -75,90 +76,58 @@ def _split_rule(kinks, n=_GL_NODES):
     return Z, W * _pdf(Z)
 
 
-class PhiHat:
-    """phi_hat(x) = s (phi(a x + b) + o) as float64 numbers, with its Gaussian means.
+def gauss_rule(kink=None, q=1.0, n=None):
+    """1-D rule (Z, W) for E[g(sqrt(q) z)] ~ W @ g(sqrt(q) Z) where g is built on a phi_hat
+    kinked at x = kink: Gauss-Hermite when kink is None (smooth), else split at kink/sqrt(q)."""
+    if kink is None:
+        return _gh(n or _GH_NODES)
+    return _split_rule([kink / math.sqrt(q)] if q > 0 else [], n or _GL_NODES)
 
-    PhiHat(name, params) for a base activation and a dict of transform parameters, or
-    PhiHat("callable", fn=f, kink=k) for a user callable x -> phi_hat(x). `kink` is
-    x* = -b/a for a kinked phi (None when smooth): the split point of the quadrature.
+
+def bivariate(h, q1, q2, rho, n=None):
+    """E[h(x1) h(x2)], (x1, x2) ~ N(0, [[q1, r], [r, q2]]), rho = r/sqrt(q1 q2), for a phi_hat h
+    (a PhiHat, or a user's callable with its kink).
+
+    x1 = sqrt(q1) u, x2 = sqrt(q2) (rho u + sqrt(1 - rho^2) v): n x n Gauss-Hermite, or
+    for a kink the outer u split at x*/sqrt(q1) and, per u, the inner v split at
+    w* = (x*/sqrt(q2) - rho u) / sqrt(1 - rho^2) (§8).
     """
+    R = _GL_RANGE
+    r1, r2 = math.sqrt(q1), math.sqrt(q2)
+    rho = min(1.0, max(-1.0, float(rho)))
+    sc = math.sqrt(max(0.0, 1.0 - rho * rho))
+    if sc == 0.0:                            # v = rho u: a 1-D mean
+        kinks = [] if h.kink is None else [h.kink / r1 if r1 else None,
+                                           rho * h.kink / r2 if r2 else None]
+        Z, W = _gh(n or _GH_NODES) if h.kink is None else _split_rule(kinks, n or _GL_NODES)
+        return float(W @ (h(r1 * Z) * h(r2 * rho * Z)))
+    if h.kink is None:
+        Z, W = _gh(n or _GH_NODES)
+        U, Wu = Z[:, None], W
+        V, Wv = Z[None, :], W[None, :]
+    else:
+        nn = n or _GL_NODES
+        U, Wu = _split_rule([h.kink / r1] if r1 else [], nn)
+        U = U[:, None]
+        x, w = _gl(nn)
+        ws = np.clip((h.kink / r2 - rho * U) / sc, -R, R) if r2 else np.full_like(U, R)
+        h1, m1 = 0.5 * (ws + R), 0.5 * (ws - R)              # piece [-R, w*]
+        h2, m2 = 0.5 * (R - ws), 0.5 * (R + ws)              # piece [w*, R]
+        V = np.concatenate([m1 + h1 * x, m2 + h2 * x], axis=1)
+        Wv = np.concatenate([h1 * w, h2 * w], axis=1) * _pdf(V)
+    inner = np.sum(Wv * h(r2 * (rho * U + sc * V)), axis=1)
+    return float(Wu @ (h(r1 * U[:, 0]) * inner))
 
-    def __init__(self, name, params=None, fn=None, kink=None):
-        p = dict(params or {})
-        self.name = name
-        if fn is not None:                       # a user callable: x -> phi_hat(x)
-            self.base, self.fn_user, self.kw = None, fn, {}
-            self.a, self.b, self.o, self.s = 1.0, 0.0, 0.0, 1.0
-            self.kink = kink
-            return
-        self.base, self.fn_user = ACTIVATIONS[name], None
-        self.kw = {"negative_slope": p["negative_slope"]} if name == "leaky_relu" and \
-            "negative_slope" in p else {}
-        self.a = float(p.get("input_scale", 1.0))
-        self.b = float(p.get("input_shift", 0.0))
-        self.o = float(p.get("output_shift", 0.0))
-        self.s = float(p.get("output_scale", 1.0))
-        self.kink = (-self.b / self.a if self.a != 0.0 else None) if self.base.kinked else None
 
-    def __call__(self, x):                       # float64 numpy
-        if self.fn_user is not None:
-            return self.fn_user(x)
-        return self.s * (self.base.fn(self.a * x + self.b, xp=np, **self.kw) + self.o)
+@dataclass(frozen=True)
+class _UserPhiHat:
+    """A user's float64 callable phi_hat, kinked at x = kink (None: smooth); no closed form."""
+    fn: object
+    kink: object = None
+    homogeneous = False
 
-    @property
-    def is_leaky(self):                          # exact closed forms apply
-        return self.name in ("relu", "leaky_relu") and self.base is not None and \
-            self.b == 0.0 and self.a > 0.0
-
-    @property
-    def alpha(self):
-        if self.name != "leaky_relu":
-            return 0.0
-        return float(self.kw.get("negative_slope", LEAKY_RELU_SLOPE))
-
-    def rule(self, q=1.0, n=None):
-        """1-D rule for E[g(sqrt(q) z)]: Gauss-Hermite, or split at the kink."""
-        if self.kink is None:
-            return _gh(n or _GH_NODES)
-        return _split_rule([self.kink / math.sqrt(q)] if q > 0 else [], n or _GL_NODES)
-
-    def mean(self, g, q=1.0, n=None):
-        """E[g(sqrt(q) z)], z ~ N(0, 1)."""
-        Z, W = self.rule(q, n)
-        return float(W @ g(math.sqrt(q) * Z))
-
-    def bivariate(self, q1, q2, rho, n=None):
-        """E[phi_hat(x1) phi_hat(x2)], (x1, x2) ~ N(0, [[q1, r], [r, q2]]), rho = r/sqrt(q1 q2).
-
-        x1 = sqrt(q1) u, x2 = sqrt(q2) (rho u + sqrt(1 - rho^2) v): n x n Gauss-Hermite, or
-        for a kink the outer u split at x*/sqrt(q1) and, per u, the inner v split at
-        w* = (x*/sqrt(q2) - rho u) / sqrt(1 - rho^2) (§8).
-        """
-        R = _GL_RANGE
-        r1, r2 = math.sqrt(q1), math.sqrt(q2)
-        rho = min(1.0, max(-1.0, float(rho)))
-        sc = math.sqrt(max(0.0, 1.0 - rho * rho))
-        if sc == 0.0:                            # v = rho u: a 1-D mean
-            kinks = [] if self.kink is None else [self.kink / r1 if r1 else None,
-                                                 rho * self.kink / r2 if r2 else None]
-            Z, W = _gh(n or _GH_NODES) if self.kink is None else _split_rule(kinks, n or _GL_NODES)
-            return float(W @ (self(r1 * Z) * self(r2 * rho * Z)))
-        if self.kink is None:
-            Z, W = _gh(n or _GH_NODES)
-            U, Wu = Z[:, None], W
-            V, Wv = Z[None, :], W[None, :]
-        else:
-            nn = n or _GL_NODES
-            U, Wu = _split_rule([self.kink / r1] if r1 else [], nn)
-            U = U[:, None]
-            x, w = _gl(nn)
-            ws = np.clip((self.kink / r2 - rho * U) / sc, -R, R) if r2 else np.full_like(U, R)
-            h1, m1 = 0.5 * (ws + R), 0.5 * (ws - R)              # piece [-R, w*]
-            h2, m2 = 0.5 * (R - ws), 0.5 * (R + ws)              # piece [w*, R]
-            V = np.concatenate([m1 + h1 * x, m2 + h2 * x], axis=1)
-            Wv = np.concatenate([h1 * w, h2 * w], axis=1) * _pdf(V)
-        inner = np.sum(Wv * self(r2 * (rho * U + sc * V)), axis=1)
-        return float(Wu @ (self(r1 * U[:, 0]) * inner))
+    def __call__(self, x, xp=None):
+        return self.fn(x)
 
 
 # -------------------------------------------------------------- leaky-ReLU closed forms
@@ -205,28 +174,33 @@ def _lrelu_bivariate(h, q1, q2, r):
 # ------------------------------------------------------------------- Q-map and C-map
 
 def _as_hat(phi, kink=None):
-    if hasattr(phi, "activation") and hasattr(phi, "params"):    # an ActivationTransform
-        return PhiHat(phi.activation, phi.params)
+    if isinstance(phi, PhiHat):
+        return phi
+    if isinstance(getattr(phi, "phi_hat", None), PhiHat):        # an ActivationTransform
+        return phi.phi_hat
     if isinstance(phi, str):
-        return PhiHat(base_name(phi))
+        return PhiHat.of(base_name(phi), {})
     if callable(phi):
-        return PhiHat("callable", fn=phi, kink=kink)
-    raise ValueError(f"phi must be an ActivationTransform, activation name or callable, got {phi!r}")
+        return _UserPhiHat(phi, kink)
+    raise ValueError(f"phi must be a PhiHat, ActivationTransform, activation name or callable, got {phi!r}")
 
 
 def q_map(phi, q, kink=None):
     """Q(q) = E[phi(sqrt(q) z)^2], z ~ N(0, 1); q a scalar or any array of q >= 0.
 
-    phi: an ActivationTransform, a base activation name, or a float64 callable (smooth,
-    or with a kink at x = `kink`). Closed form for leaky ReLU, else quadrature (§8).
+    phi: a PhiHat, an ActivationTransform, a base activation name, or a float64 callable
+    (smooth, or with a kink at x = `kink`). Closed form for leaky ReLU, else quadrature (§8).
     """
     h = _as_hat(phi, kink)
     q = np.asarray(q, dtype=np.float64)
     if np.any(q < 0):
         raise ValueError(f"q must be >= 0, got {q.min()}")
-    if h.is_leaky:
+    if h.homogeneous:
         return _lrelu_bivariate(h, q, q, q)[()]
-    out = [h.mean(lambda x: h(x) ** 2, qi) for qi in q.ravel()]
+    out = []
+    for qi in q.ravel():
+        Z, W = gauss_rule(h.kink, qi)
+        out.append(float(W @ h(math.sqrt(qi) * Z) ** 2))
     return np.array(out).reshape(q.shape)[()]
 
 
@@ -243,10 +217,10 @@ def c_map(phi, c, q=1.0, kink=None, n=None):
     q = float(q)
     if np.any(np.abs(c) > 1.0) or q <= 0.0:
         raise ValueError(f"need -1 <= c <= 1 and q > 0, got c in [{c.min()}, {c.max()}], q={q}")
-    if h.is_leaky:
+    if h.homogeneous:
         return (_lrelu_bivariate(h, q, q, q * c) / _lrelu_bivariate(h, q, q, q))[()]
-    Q = h.bivariate(q, q, 1.0, n)
-    out = [h.bivariate(q, q, ci, n) / Q for ci in c.ravel()]
+    Q = bivariate(h, q, q, 1.0, n)
+    out = [bivariate(h, q, q, ci, n) / Q for ci in c.ravel()]
     return np.array(out).reshape(c.shape)[()]
 
 
@@ -283,7 +257,7 @@ class LocalMaps:
     def __init__(self, phi):
         self.phi = phi
         self._h = _as_hat(phi)
-        self.mode = "closed form" if self._h.is_leaky else (
+        self.mode = "closed form" if self._h.homogeneous else (
             "quadrature" if self._h.kink is not None else "hermite")
         self._c_coef = None
 
@@ -344,7 +318,7 @@ class LocalMaps:
             i, j = idx[-2], idx[-1]
             if j <= i:                           # symmetric: fill (i, j) and (j, i)
                 qi, qj = q[idx[:-1]], q[idx[:-2] + (j,)]
-                out[idx] = out[idx[:-2] + (j, i)] = self._h.bivariate(qi, qj, rho[idx])
+                out[idx] = out[idx[:-2] + (j, i)] = bivariate(self._h, qi, qj, rho[idx])
         return out
 
 

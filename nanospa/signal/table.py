@@ -2,22 +2,17 @@
 method.md §13): per block the schedule value (gamma_l or rho_l), the range of D_l, the
 smallest entry of A_l and the construction error max |A_l Sigma_{l-1} A_l^T - Sigma_l|,
 then q-values and normalised-kernel statistics of the attention-only network, of the whole
-model as predicted (predict.py) and, when the caller measured them, of a real model.
+model as predicted and, when the caller measured them, of a real model.
 
-Not here: the command line (__main__.py), measuring a real model (nanospa/measure.py, above
-signal/), Figure 1's heatmaps (nanospa/experiments/fig1.py). The configuration is read by
-duck typing (GPTConfig's fields).
+Not here: the command line (__main__.py), the walks that give the attention-only and the
+whole-model kernels (nanospa/predict.py, which reads the model's variants), measuring a real
+model (nanospa/measure.py), Figure 1's heatmaps (nanospa/experiments/fig1.py). The
+configuration is read by duck typing (GPTConfig's fields).
 """
-import copy
-
 import numpy as np
 
 from .attn_bias import dense_layer_bias, realise
-from .budget import make_plan
-from .inputs import input_kernel
 from .kernels import kernel_stats, spa_kernel
-from .maps import attention_map
-from .predict import ATTENTION_AT_INIT, effective_attention, predict_kernels
 
 
 def default_depths(L):
@@ -40,63 +35,21 @@ def schedule_targets(plan, T):
     return [np.eye(T)] + [spa_kernel(plan.kind, T, v) for v in plan.schedule[1:]]
 
 
-def attention_only_kernels(cfg, plan=None, T=None):
-    """[Sigma_0 = I, Sigma_1, ..., Sigma_L] of the attention-only network (method §3.2),
-    Sigma_l = A_l Sigma_{l-1} A_l^T with the model's A_l at init: diag(D_l) softmax(B_l)
-    for E-SPA / U-SPA (the schedule's targets when the plan builds A_l from them), the
-    uniform causal matrix for softmax (§3.4: exact with W^Q = 0, the zero-query picture
-    otherwise) and I for Value-SkipInit (beta = 0). Positions in the logits enter as at
-    init with W^Q = 0 (positions.logit_bias: softmax of ALiBi or the SPA prior, one matrix
-    per head for ALiBi, whose kernels are averaged; RoPE changes nothing)."""
-    T = T or cfg.block_size
-    plan = plan or make_plan(cfg)
-    out = [np.eye(T)]
-    for l in range(1, cfg.n_layer + 1):
-        A = effective_attention(cfg, plan, l, T)
-        if A is None:                                  # random queries: the zero-query picture (§3.4)
-            zero = copy.copy(cfg)
-            zero.zero_query = True
-            A = effective_attention(zero, plan, l, T)
-        out.append(attention_map(out[-1], A) if A.ndim == 3 else A @ out[-1] @ A.T)
-    return out
-
-
-def predicted_kernels(cfg, plan=None, idx=None):
-    """[Sigma_0, ..., Sigma_L] of the whole model (block outputs) predicted by
-    predict_kernels, averaged over the rows of idx (each row's own input kernel); idx None
-    means distinct tokens."""
-    plan = plan or make_plan(cfg)
-    distinct = idx is None or all(len(set(row.tolist())) == len(row) for row in idx)
-    if distinct:                                  # every row has the distinct-token Sigma_0
-        pred = predict_kernels(cfg, plan=plan)
-        return [pred.kernel(l) for l in range(cfg.n_layer + 1)]
-    total = None
-    for row in idx:
-        S0 = input_kernel(tokens=row, pos=cfg.pos, n_embd=cfg.n_embd)
-        pred = predict_kernels(cfg, sigma_0=S0, plan=plan)
-        ks = [pred.kernel(l) for l in range(cfg.n_layer + 1)]
-        total = ks if total is None else [a + b for a, b in zip(total, ks)]
-    return [k / len(idx) for k in total]
-
-
 def summary(Sigma):
     """The four numbers the table shows of one kernel."""
     s = kernel_stats(Sigma)
     return dict(q_min=s["q_min"], q_max=s["q_max"], C_min=s["min_entry"], C_mean=s["mean_offdiag"])
 
 
-def layer_table(cfg, plan=None, measured=None, predicted=None, T=None):
+def layer_table(cfg, plan, chain, model, measured=None, T=None):
     """One dict per layer l = 0..L: schedule value, D_l range, min A_l, the error
     max |A_l Sigma_{l-1} A_l^T - Sigma_l| against the schedule's targets (rounding for the
     independent and joint budgets; the MLP-aware ones aim elsewhere on purpose), and
-    {q_min, q_max, C_min, C_mean} of the attention-only network ("target"), of the
-    combined prediction ("model": `predicted`, a list of kernels, or predicted_kernels
-    when None) and of `measured` (a list of kernels, or None)."""
+    {q_min, q_max, C_min, C_mean} of the attention-only network (`chain`, predict's
+    attention_only_kernels), of the whole model as predicted (`model`, predict's
+    predicted_kernels) and of `measured` (a list of kernels, or None)."""
     T = T or cfg.block_size
-    plan = plan or make_plan(cfg)
-    chain = attention_only_kernels(cfg, plan, T)
     targets = schedule_targets(plan, T)
-    model = predicted_kernels(cfg, plan) if predicted is None else predicted
     rows = []
     for l in range(cfg.n_layer + 1):
         row = dict(layer=l, schedule=None, D_min=None, D_max=None, A_min=None, err=None,

@@ -1,11 +1,12 @@
 """The kernel walk of the joint budget (docs/kernel_budget.md): two sequences with no token
 in common, through the blocks of a model at initialisation, and the statistics of the
-result that the joint policy's targets are measured on.
+result that the joint policy's targets are measured on; WalkMaps, the maps of one block
+that this walk and the policies beyond the default share.
 
 Not here: the policies and the solve for their targets (budget.py), the walk of one sequence
 that the policies beyond the default run (beyond/policies.py), the sublayer maps (maps.py),
-the closed forms of A_l (attn_bias.py). The model configuration is read by
-duck typing (GPTConfig's fields).
+the closed forms of A_l (attn_bias.py). The model configuration is read by duck typing
+(GPTConfig's fields).
 
 Notation as in budget.py: K_l the predicted kernel after block l, X_l the kernel between
 two sequences with no token in common, F / C the MLP's kernel map and C-map.
@@ -14,11 +15,54 @@ import numpy as np
 
 from .attn_bias import spa_matrix
 from .kernels import normalised_kernel
-from .maps import BlockMaps, attention_map
+from .maps import MLPMap, attention_map, norm_kernel, residual_kernel, residual_weights
 
 COLLAPSED_RTOL = 1e-12            # an input-dependent q below this share of max q: collapsed
 JOINT_SOLVE_T = 64                # the joint solve runs at min(T, this); beyond it the per-position
                                   # statistics are stationary and extrapolated
+
+
+# ------------------------------------------------------------------ one block
+
+class WalkMaps:
+    """The kernel budget's maps of one block at init (this walk and beyond/policies.py's):
+    sublayer(Sigma, f) -> (branch kernel, combined kernel), f(N(Sigma)) joined by the
+    residual (pre) or N(residual) (post); scale_attention and mlp give a branch's gain (DeepNorm).
+    The predictions' maps of a block (nanospa/predict.py BlockMaps) read the model's variants
+    instead, which signal/ may not import; both call maps.norm_kernel and maps.residual_weights. batch: None for kernels of one sequence, or B
+    for kernels of a whole batch (BatchNorm's training-mode statistics)."""
+
+    def __init__(self, cfg, activation, batch=None):
+        self.cfg, self.batch = cfg, batch
+        self.mlp_map = MLPMap(activation)
+        self.a, self.b, self.gain2 = residual_weights(cfg)
+
+    def norm(self, Sigma):
+        return norm_kernel(self.cfg, Sigma, self.batch)
+
+    def branch_input(self, Sigma):
+        return self.norm(Sigma) if self.cfg.norm_position == "pre" else Sigma
+
+    def scale_attention(self, h):
+        """A branch's weights times beta (DeepNorm): its attention kernel times beta^4."""
+        return h if self.gain2 == 1.0 else self.gain2 ** 2 * h
+
+    def mlp(self, Sigma_in):
+        """The MLP branch's kernel: F(Sigma) (MLPMap); with gain beta, beta^2 F(beta^2 Sigma)."""
+        if self.gain2 == 1.0:
+            return self.mlp_map(Sigma_in)
+        return self.gain2 * self.mlp_map(self.gain2 * Sigma_in)
+
+    def combine(self, Sigma_x, Sigma_h):
+        out = residual_kernel(self.a, self.b, Sigma_x, Sigma_h)
+        return self.norm(out) if self.cfg.norm != "none" and self.cfg.norm_position == "post" else out
+
+    def sublayer(self, Sigma, f):
+        h = f(self.branch_input(Sigma))
+        return h, self.combine(Sigma, h)
+
+    def final(self, Sigma):
+        return self.norm(Sigma) if self.cfg.uses_final_norm else Sigma
 
 
 # ------------------------------------------------------------------ two sequences
@@ -31,7 +75,7 @@ def pair_walk(cfg, activation, values, d_rule="spa", T=None):
     K - X is the input-dependent part. Attention acts on each sequence (block-diagonal),
     the MLP and norms entrywise on the 2T x 2T kernel."""
     T = min(cfg.block_size, JOINT_SOLVE_T) if T is None else T
-    maps = BlockMaps(cfg, activation)
+    maps = WalkMaps(cfg, activation)
     S = np.eye(2 * T)
     a, b = slice(0, T), slice(T, 2 * T)
     for l in range(1, cfg.n_layer + 1):

@@ -4,7 +4,7 @@ GroupNorm.
 
 The kernel of a batch. BatchNorm couples the sequences of a batch, so its map acts on the
 kernel K of all N = B T tokens at once, K[(b, t), (b', t')] = x_bt . x_b't' / d (tokens in
-sequence-major order, index b T + t; batch_attention and inputs.batch_input_kernel build
+sequence-major order, index b T + t; batch_attention and batch_input_kernel build
 the other parts of such a walk). In the wide limit (d -> inf, N fixed) with the model's
 random initialisation the d channels are independent draws of one Gaussian column
 x ~ N(0, K) over the N tokens. BatchNorm normalises each column by its own statistics, so
@@ -47,6 +47,7 @@ prepbn_steps, prepbn_eta). Not here: the layers themselves (nanospa/beyond/norms
 """
 import numpy as np
 
+from .. import inputs
 from ..kernels import normalised_kernel
 from ..qc_maps import LocalMaps
 
@@ -138,3 +139,28 @@ def dyt_map(Sigma, alpha=DYT_ALPHA):
     """Kernel of DyT(x) = tanh(alpha x) (weight 1, bias 0 at init), u ~ N(0, Sigma)."""
     maps = LocalMaps(lambda x: np.tanh(alpha * x))
     return maps.kernel(Sigma)
+
+
+def norm_kernel(cfg, Sigma, batch=None):
+    """maps.norm_kernel for the norms beyond LayerNorm and RMSNorm: DyT, BatchNorm, PRepBN,
+    GroupNorm (ValueError naming any other)."""
+    if cfg.norm == "dyt":
+        return dyt_map(Sigma)
+    if cfg.norm in ("batchnorm", "prepbn", "groupnorm"):
+        return init_norm_map(Sigma, cfg, batch)
+    raise ValueError(f"no kernel map for norm {cfg.norm!r}")
+
+
+def batch_input_kernel(tokens, pos="none", n_embd=None, pos_variance=inputs.POS_VARIANCE):
+    """Sigma_0 of all B T tokens of a batch (B, T) at once, (B T, B T) in sequence-major order
+    (index b T + t), for norms whose statistics couple the sequences:
+    sigma_e^2 1[same token id] between any two tokens, plus the positional kernel of
+    input_kernel between positions t and t' of any two sequences (the same table row)."""
+    t = np.asarray(tokens)
+    if t.ndim != 2 or t.size == 0:
+        raise ValueError(f"tokens must be a non-empty (B, T) array, got shape {t.shape}")
+    B, T = t.shape
+    flat = t.reshape(-1)
+    var_e = 1.0 if pos not in inputs.ADDITIVE_POSITIONS else 1.0 - pos_variance
+    positions = inputs.input_kernel(T=T, pos=pos, n_embd=n_embd, pos_variance=pos_variance) - var_e * np.eye(T)
+    return var_e * (flat[:, None] == flat[None, :]) + np.tile(positions, (B, B))

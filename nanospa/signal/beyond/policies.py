@@ -21,7 +21,8 @@ import numpy as np
 
 from ..attn_bias import bias_and_rescale, log_attention_from, spa_matrix
 from ..kernels import flush, spa_kernel
-from ..maps import BlockMaps, attention_map
+from ..maps import attention_map
+from ..walks import WalkMaps
 
 MLP_AWARE_NEG_TOL = 1e-10         # A entries above -tol * max A count as rounding zeros
 Q1_TOL = 1e-8                     # mlp_aware needs Q(1) = 1 to this tolerance (shaped: ~1e-14)
@@ -55,7 +56,7 @@ def split_bias(A):
 
 def walk(cfg, activation, values, d_rule="spa", T=None, sigma_0=None, mlp_aware=False):
     """Walk the L blocks along the schedule `values` ([v_0..v_L]) while predicting the
-    kernels (maps.BlockMaps), and return (overrides, K_L, report): per layer None where
+    kernels (walks.WalkMaps), and return (overrides, K_L, report): per layer None where
     A_l is the schedule's closed form, else the (B_l, D_l) this walk chose.
 
     d_rule "spa": D_l = row sums of the SPA A_l (attention-only targets met exactly).
@@ -65,7 +66,7 @@ def walk(cfg, activation, values, d_rule="spa", T=None, sigma_0=None, mlp_aware=
     K_L is the predicted kernel after the last block (before any final norm)."""
     T = cfg.block_size if T is None else T
     kind = cfg.attention
-    maps = BlockMaps(cfg, activation)
+    maps = WalkMaps(cfg, activation)
     if mlp_aware:
         if cfg.residual != "none":
             raise ValueError(f"kernel_budget='mlp_aware' needs residual='none' (the pre-image is "

@@ -6,8 +6,6 @@
     rope_frequencies(D), rope_angles     RoPE's theta_k = base^(-2k/D) and the angles t theta_k
     rope_correlation(delta, D)           c(Delta) = mean_k cos(Delta theta_k), RoPE's logit correlation
     spa_prior_config(cfg)                the E-SPA model whose B_l pos="spa_prior" adds (SPA_PRIOR_MODEL)
-    logit_bias(cfg, plan, l, T)          the fixed part of block l's pre-softmax logits: SPA's B_l or
-                                         the prior's, plus ALiBi; None without one
 
 Notation: i (query) and j (key) are 0-based positions, H heads of width D, T positions;
 B_l the SPA bias of block l (attn_bias.py). ALiBi adds -m_h (i - j) to head h's scaled
@@ -22,8 +20,6 @@ import dataclasses
 import math
 
 import numpy as np
-
-from ..attn_bias import dense_layer_bias
 
 ROPE_BASE = 10000.0       # RoPE's wavelength base (Su et al. 2021)
 ALIBI_BASE_EXPONENT = 8.0  # ALiBi's geometric slopes 2^(-8 h / H) (Press et al. 2022)
@@ -83,18 +79,3 @@ def spa_prior_config(cfg):
     logits: cfg with the SPA_PRIOR_MODEL fields (same n_layer, block_size, kernel_budget,
     gamma_final, final_corr, eta, shaping_depth; budget.make_plan gives its plan.prior)."""
     return dataclasses.replace(cfg, **SPA_PRIOR_MODEL)
-
-
-def logit_bias(cfg, plan, l, T):
-    """The fixed part of block l's (1-based) pre-softmax logits at positions < T, float64:
-    SPA's B_l (plan.kind set) or the prior's (plan.prior, pos="spa_prior"), (T, T) with -inf
-    above the diagonal; plus ALiBi's -m_h (i - j) for pos="alibi", which makes it (H, T, T);
-    None when there is neither."""
-    bias = None
-    for source in (plan if plan.kind is not None else None, getattr(plan, "prior", None)):
-        if source is not None:
-            bias = dense_layer_bias(source, l, T)[0]
-    if cfg.pos == "alibi":
-        alibi = alibi_bias(alibi_slopes(cfg.n_head), 0, T, 0, T)
-        bias = alibi if bias is None else bias + alibi
-    return bias

@@ -8,7 +8,7 @@ for the model (nanospa/beyond/schemes.py, nanospa/beyond/ngpt.py) and for the wi
     ngpt_value(name)                      its initial (used) value s_init
 
 Not here: the modules that use them (nanospa/beyond/ngpt.py, nanospa/beyond/schemes.py) and the kernel
-maps (maps.py: BlockMaps for DeepNorm; ngpt_maps.py for nGPT). Plain Python floats.
+maps (walks.py: WalkMaps for DeepNorm; ngpt_maps.py for nGPT). Plain Python floats.
 
 Notation: N = n_layer (decoder-only DeepNet: N decoder layers, no encoder), d = n_embd.
 """
@@ -46,3 +46,12 @@ def ngpt_scale(name, d):
 def ngpt_value(name):
     """s_init, the value nGPT's vector `name` is used with at initialisation."""
     return float(NGPT_INITS[name][0])
+
+
+def residual_weights(cfg):
+    """maps.residual_weights for DeepNorm: (alpha, 1, beta^2), x_{l+1} = N(alpha x_l + f_beta(x_l))
+    with f's weights W^V, W^O, W_1, W_2 scaled by beta (ValueError naming any other residual:
+    nGPT's update has its own maps, beyond/ngpt_maps.py)."""
+    if cfg.residual == "deepnorm":
+        return deepnorm_alpha(cfg.n_layer), 1.0, deepnorm_beta(cfg.n_layer) ** 2
+    raise ValueError(f"no block map for residual {cfg.residual!r} here")

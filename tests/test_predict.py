@@ -1,4 +1,4 @@
-"""Tests for nanospa/signal/predict.py: the whole-model prediction at init, sublayer by
+"""Tests for nanospa/predict.py: the whole-model prediction at init, sublayer by
 sublayer (docs/method.md §2.2, §3.2, §4, §10, §13): the cases where it is exact, the
 effective attention matrix of each kind, the result's accessors, and the comparison with
 the kernels of wide random networks (nanospa/measure.py). The sublayer maps themselves:
@@ -10,9 +10,16 @@ from nanospa import GPT, GPTConfig
 from nanospa.measure import measured_kernels
 from nanospa.signal import kernels, dense_layer_bias, make_plan, realise
 from nanospa.signal.inputs import input_kernel
-from nanospa.signal.predict import (KernelPrediction, effective_attention, plan_targets,
+from nanospa.predict import KernelPrediction, attention_at_init, predict_kernels
 
-                                    predict_kernels)
+
+def effective_attention(cfg, plan, l, T):
+    return attention_at_init(cfg, plan, l, T)[0]
+
+
+def plan_targets(plan, T):
+    return [None if plan.kind is None else kernels.spa_kernel(plan.kind, T, plan.schedule[l])
+            for l in range(1, plan.n_layer + 1)]
 
 pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
 
@@ -123,17 +130,15 @@ def test_softmax_with_random_queries_is_a_noted_mean_field_estimate():
     assert zq.notes == []
 
 
-def test_prediction_rows_and_q_values():
+def test_prediction_accessors_and_q_values():
     cfg = GPTConfig(block_size=16, n_layer=4, activation="tat_lrelu", kernel_budget="independent", eta=0.5)
     pred = predict_kernels(cfg)
-    assert isinstance(pred, KernelPrediction) and pred.T == 16 and pred.config is cfg
+    assert isinstance(pred, KernelPrediction) and pred.sigma_0.shape == (16, 16) and pred.config is cfg
     assert pred.q(4).shape == (16,) and pred.q(4)[0] == pytest.approx(1.0)
     np.testing.assert_array_equal(pred.kernel(0), pred.sigma_0)
-    rows = pred.rows()
-    assert len(rows) == 1 + 2 * 4 and rows[-1]["layer"] == 4 and "target_mean_offdiag" in rows[-1]
-    assert rows[-1]["mean_offdiag"] == pred.stats(4)["mean_offdiag"]
-    assert "q_max" in pred.table()
-    assert len(pred.table(every=2).splitlines()) == 1 + 1 + 2 * 2      # head, input, layers 2 and 4
+    assert pred.stats(4)["mean_offdiag"] == kernels.kernel_stats(pred.kernel(4))["mean_offdiag"]
+    np.testing.assert_array_equal(pred.kernel(4, "target"), kernels.spa_kernel("espa", 16, pred.config.gamma_final
+                                                                                or make_plan(cfg).schedule[4]))
     np.testing.assert_array_equal(pred.final, pred.kernel(4))          # no final norm here
     with pytest.raises(ValueError, match="sublayer='ffn'"):
         pred.kernel(1, "ffn")
