@@ -84,17 +84,25 @@ class AdamW(Optimizer):
 
     def step(self):
         self.t += 1
-        c1 = 1.0 - self.b1 ** self.t
-        c2 = 1.0 - self.b2 ** self.t
-        for i, p in enumerate(self.params):
-            if p.grad is None:
-                continue
-            if self.m[i] is None:
-                xp = backend.xp_of(p.data)
-                self.m[i], self.v[i] = xp.zeros_like(p.data), xp.zeros_like(p.data)
-            lr = self.lr * self.lr_scales[i]
-            decay = 1.0 - lr * self.weight_decay if not getattr(p, "no_decay", False) else 1.0
-            adamw_update(p.data, p.grad, self.m[i], self.v[i], self.b1, self.b2, lr / c1, self.eps, 1.0 / c2, decay)
+        adamw_step(self, range(len(self.params)), [self.lr * s for s in self.lr_scales], self.eps)
+
+
+def adamw_step(opt, indices, lrs, eps):
+    """AdamW's step t = opt.t on opt.params[i] for i in indices, each at rate lrs[i] (a list
+    over all of opt.params, or one rate for all), with opt's moments m, v (made on first use),
+    betas b1, b2 and weight_decay: AdamW itself, and the fallback of K-FAC and Muon for the
+    parameters they do not precondition."""
+    c1, c2 = 1.0 - opt.b1 ** opt.t, 1.0 - opt.b2 ** opt.t
+    for i in indices:
+        p = opt.params[i]
+        if p.grad is None:
+            continue
+        if opt.m[i] is None:
+            xp = backend.xp_of(p.data)
+            opt.m[i], opt.v[i] = xp.zeros_like(p.data), xp.zeros_like(p.data)
+        lr = lrs[i] if isinstance(lrs, list) else lrs
+        decay = 1.0 - lr * opt.weight_decay if not getattr(p, "no_decay", False) else 1.0
+        adamw_update(p.data, p.grad, opt.m[i], opt.v[i], opt.b1, opt.b2, lr / c1, eps, 1.0 / c2, decay)
 
 
 def adamw_update(p, g, m, v, b1, b2, step_size, eps, inv_c2, decay):

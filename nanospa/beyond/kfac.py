@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import backend
 from ..nn import Linear
-from ..optim import _check_betas, adamw_update, check_lr
+from ..optim import _check_betas, adamw_step, check_lr
 from ..run.threads import parallel_map, slice_bounds, threads
 from ..tensor import Function, no_grad
 
@@ -381,21 +381,7 @@ class KFAC:
             if self.weight_decay and not getattr(p, "no_decay", False):
                 p.data *= 1.0 - self.lr * self.weight_decay
             p.data -= self.lr * self.mom[i]
-        self._adam_fallback()
-
-    def _adam_fallback(self):
-        c1, c2 = 1.0 - self.b1 ** self.t, 1.0 - self.b2 ** self.t
-        lr = self.lr * self.adam_lr_ratio
-        for i in self.fallback:
-            p = self.params[i]
-            if p.grad is None:
-                continue
-            if self.m[i] is None:
-                xp = backend.xp_of(p.data)
-                self.m[i], self.v[i] = xp.zeros_like(p.data), xp.zeros_like(p.data)
-            decay = 1.0 - lr * self.weight_decay if not getattr(p, "no_decay", False) else 1.0
-            adamw_update(p.data, p.grad, self.m[i], self.v[i], self.b1, self.b2, lr / c1,
-                                 self.adam_eps, 1.0 / c2, decay)
+        adamw_step(self, self.fallback, self.lr * self.adam_lr_ratio, self.adam_eps)   # Adam for the rest
 
     # ---- checkpoints -----------------------------------------------------------------
     STATE = ("A", "G", "evA", "UA", "evG", "UG")

@@ -13,7 +13,7 @@ buffer (from 0), mu the momentum, t the step count:
 
 Which parameters (hidden_matrices): the weight of every Linear inside ``model.blocks``
 (attention q, k, v, proj; the MLP's fc, proj; nGPT's fc_u, fc_v). All others take AdamW's
-update (optim.adamw_update) at lr * adam_lr_ratio: the token and position embeddings, the
+update (optim.adamw_step) at lr * adam_lr_ratio: the token and position embeddings, the
 head, norm gains and biases, Linear biases, Value-SkipInit's alpha and beta, a trainable SPA
 bias B_l (2-D, inside the blocks, but not a Linear's weight: the split is by where a parameter
 sits, not by its shape), nGPT's scalars. Parameters marked no_decay are never decayed.
@@ -74,7 +74,7 @@ import numpy as np
 
 from .. import backend
 from ..nn import Linear
-from ..optim import _check_betas, adamw_update, check_lr
+from ..optim import _check_betas, adamw_step, check_lr
 from ..run.threads import parallel_map
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)   # the reference's quintic (a, b, c)
@@ -205,21 +205,7 @@ class Muon:
                 p.data *= 1.0 - lr * self.weight_decay
             X *= lr * update_scale(p.shape)
             p.data -= X
-        self._adamw()
-
-    def _adamw(self):
-        c1, c2 = 1.0 - self.b1 ** self.t, 1.0 - self.b2 ** self.t
-        lr = self.lr * self.adam_lr_ratio
-        for i in self.others:
-            p = self.params[i]
-            if p.grad is None:
-                continue
-            if self.m[i] is None:
-                xp = backend.xp_of(p.data)
-                self.m[i], self.v[i] = xp.zeros_like(p.data), xp.zeros_like(p.data)
-            decay = 1.0 - lr * self.weight_decay if not getattr(p, "no_decay", False) else 1.0
-            adamw_update(p.data, p.grad, self.m[i], self.v[i], self.b1, self.b2, lr / c1, self.adam_eps,
-                         1.0 / c2, decay)
+        adamw_step(self, self.others, self.lr * self.adam_lr_ratio, self.adam_eps)   # AdamW for the rest
 
     # ---- checkpoints -----------------------------------------------------------------
     def state_dict(self):
