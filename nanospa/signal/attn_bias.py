@@ -42,7 +42,8 @@ def _check_order(name, value, prev, increasing):
 
 def espa_bias(T, gamma, gamma_prev):
     """E-SPA's B_l and D_l (method §7.2, §8) as O(T) parts, from the closed form of
-    A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 in log space:
+    A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 in log space (espa_attention_reference below
+    writes the same A_l out entry by entry; read it first):
 
         A_1 (gamma_prev = inf): A[i, 0] = e^{-g i}, A[i, j] = a e^{-g (i-j)}     (1 <= j <= i)
         A_l, l >= 2: A[0, 0] = 1, A[i, i] = r, A[i, 0] = (e^{-g} - r e^{-g_prev}) e^{-g (i-1)},
