@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from .model import REGISTRIES
+from .model import DENSE_MAX_T, REGISTRIES, dense
 from .signal import BUDGETS, shaped_activation_names, split_activation
 from .signal.activations import ACTIVATIONS
 from .signal.kernels import DEFAULT_RHO_FINAL
@@ -56,6 +56,7 @@ class GPTConfig:
     zero_query: bool = False       # softmax attention: W^Q = 0 at init (uniform attention)
     skipinit_per_head: bool = False  # Value-SkipInit: alpha, beta per head instead of per layer
     bias: bool = False             # bias vectors in linear layers
+    dropout: float = 0.0           # inverted dropout in training mode: attention probabilities, sublayer outputs, embedding (nanoGPT's)
     # -- beyond the paper: read by nanospa/beyond/ (checked there when one is set)
     norm_causal: bool = False      # batchnorm, prepbn: statistics over positions <= t only (no future leakage)
     norm_groups: int = 4           # groupnorm: groups of n_embd / norm_groups channels; 1 = LayerNorm
@@ -121,6 +122,13 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.tau must be > 0, got {self.tau}")
         if self.shaping_depth < 0:
             raise ValueError(f"GPTConfig.shaping_depth must be >= 0, got {self.shaping_depth}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be in [0, 1) (0 = off), got {self.dropout}")
+        if self.dropout and not dense(self):
+            raise ValueError(f"GPTConfig.dropout={self.dropout} needs dense attention: attention by blocks "
+                             f"(attention_impl={self.attention_impl!r}, block_size={self.block_size}) has no "
+                             f"(T, T) matrix of probabilities to drop; set attention_impl='dense' "
+                             f"(block_size <= {DENSE_MAX_T} is dense under 'auto')")
         if beyond:
             beyond.configure(self)                      # the extensions' values and fields
 

@@ -26,7 +26,7 @@ OTHER = dict(
     lr_decay_iters=5, weight_decay=0.1, beta1=0.8, beta2=0.9, grad_clip=0.5, mup_base_width=8, kfac_damping=1e-3,
     kfac_damping_mode="exact", kfac_ema=0.9, kfac_inv_interval=5, kfac_inverse_dtype="float32", kfac_momentum=0.4,
     kfac_kl_clip=1e-2, kfac_fisher="empirical", kfac_stats_fraction=0.5, kfac_adam_lr_ratio=0.1, muon_momentum=0.9,
-    muon_nesterov=False, muon_ns_steps=4, muon_adam_lr_ratio=0.2,
+    muon_nesterov=False, muon_ns_steps=4, muon_adam_lr_ratio=0.2, dropout=0.1,
     # the model: GPTConfig's fields
     block_size=32, n_layer=3, n_head=4, n_embd=32, mlp_ratio=2, attention="uspa", activation="tat_gelu",
     residual="standard", residual_beta=0.2, norm="layernorm", norm_causal=True, norm_groups=2, prepbn_steps=10,

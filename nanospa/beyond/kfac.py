@@ -33,7 +33,7 @@ import threading
 import numpy as np
 
 from .. import backend
-from ..nn import Linear
+from ..nn import Linear, batch_rows
 from ..optim import _check_betas, adamw_update, check_lr
 from ..run.threads import parallel_map, slice_bounds, threads
 from ..tensor import Function, no_grad
@@ -263,7 +263,8 @@ class KFAC:
             lo, hi = bounds[s], bounds[s + 1]
             self._local.stats = stats = {}
             try:
-                self._pass(idx[lo:hi], None if targets is None else targets[lo:hi], u, lo, hi)
+                with batch_rows(lo):              # rows lo.. of the batch: the training pass's dropout masks
+                    self._pass(idx[lo:hi], None if targets is None else targets[lo:hi], u, lo, hi)
             finally:
                 self._local.stats = None
             return stats

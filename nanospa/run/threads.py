@@ -24,6 +24,7 @@ import os
 import threading
 
 from .. import backend
+from ..nn import batch_rows, first_row
 from ..tensor import Tensor
 
 MAX_AUTO_THREADS = 4   # cpu_threads(0, ...): one per core, at most this many
@@ -159,13 +160,17 @@ def sliced_loss(loss_fn, *batch, slices=None):
 
     so SlicedLoss.backward() back-propagates slice s from L_s with upstream gradient n_s / n,
     on a worker thread, into a dict of its own, and adds the dicts to the leaves' ``.grad``
-    in slice order: the result does not depend on thread timing. With one slice this is
-    loss_fn(*batch) and its backward()."""
+    in slice order: the result does not depend on thread timing. Each slice's forward draws
+    its own rows' dropout masks (nn.batch_rows), so the slices are the batch's call, masks
+    included. With one slice this is loss_fn(*batch) and its backward()."""
     n = len(batch[0])
     k = max(1, min(n, threads() if slices is None else slices))
-    bounds = slice_bounds(n, k)
-    parts = parallel_map(lambda s: _on_slice(s, loss_fn, *(b[bounds[s]:bounds[s + 1]] for b in batch)), range(k))
-    return SlicedLoss(parts, bounds)
+    bounds, first = slice_bounds(n, k), first_row()
+
+    def run(s):                                  # rows bounds[s]: of the call, first + bounds[s] of the
+        with batch_rows(first + bounds[s]):      # step's batch: their own dropout masks (nn.batch_rows)
+            return _on_slice(s, loss_fn, *(b[bounds[s]:bounds[s + 1]] for b in batch))
+    return SlicedLoss(parallel_map(run, range(k)), bounds)
 
 
 def _on_slice(s, fn, *args):
