@@ -57,6 +57,7 @@ class GPTConfig:
     skipinit_per_head: bool = False  # Value-SkipInit: alpha, beta per head instead of per layer
     bias: bool = False             # bias vectors in linear layers
     dropout: float = 0.0           # inverted dropout in training mode: attention probabilities, sublayer outputs, embedding (nanoGPT's)
+    tie_embeddings: bool = False   # the head is W_e^T / sqrt(n_embd), the token embedding's one Parameter (nanoGPT's tying)
     # -- beyond the paper: read by nanospa/beyond/ (checked there when one is set)
     norm_causal: bool = False      # batchnorm, prepbn: statistics over positions <= t only (no future leakage)
     norm_groups: int = 4           # groupnorm: groups of n_embd / norm_groups channels; 1 = LayerNorm
@@ -129,6 +130,8 @@ class GPTConfig:
                              f"(attention_impl={self.attention_impl!r}, block_size={self.block_size}) has no "
                              f"(T, T) matrix of probabilities to drop; set attention_impl='dense' "
                              f"(block_size <= {DENSE_MAX_T} is dense under 'auto')")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"GPTConfig.tie_embeddings must be True or False, got {self.tie_embeddings!r}")
         if beyond:
             beyond.configure(self)                      # the extensions' values and fields
 

@@ -443,8 +443,11 @@ class GPT(Module):
         make_block, evaluate = getattr(scheme, "block", Block), evaluation(cfg)
         self.blocks = [make_block(cfg, self.plan, l, act, rng, self.position.hooks(l), evaluate)
                        for l in range(1, cfg.n_layer + 1)]
-        self.head = scheme.head(cfg, rng) if hasattr(scheme, "head") else \
-            Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
+        if cfg.tie_embeddings:          # logits (x / sqrt(C)) W_e^T: wte's one Parameter (docs/method.md §2.6)
+            self.head, self.tied_scale = None, 1.0 / math.sqrt(C)
+        else:
+            self.head = scheme.head(cfg, rng) if hasattr(scheme, "head") else \
+                Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
         norm = variant("norm", cfg.norm)
         self.ln_f = norm.build(cfg) if norm and cfg.uses_final_norm else None
         self.dropout_masks = DropoutMasks(seed)                       # every Dropout's masks (nn.py)
@@ -478,7 +481,10 @@ class GPT(Module):
                 record.attention.append(backend.to_numpy(layer["attention"]))
         if self.ln_f is not None:
             x = self.ln_f(x)
-        logits = self.head(x)                               # (B, T, V)
+        if self.head is not None:
+            logits = self.head(x)                           # (B, T, V)
+        else:                                               # tied: W_e^T scaled to the untied head's N(0, 1/C)
+            logits = (x * self.tied_scale) @ self.wte.weight.T
         loss = None if targets is None else fused.cross_entropy(logits, targets)
         return logits, loss
 

@@ -111,6 +111,10 @@ def check_config(cfg):
                                     "take the embedding off the unit sphere; use pos='none'")
         if cfg.final_norm == "yes":
             _refuse("final_norm", cfg.final_norm, "with residual='ngpt': there are no norm layers")
+        if cfg.tie_embeddings:
+            _refuse("tie_embeddings", cfg.tie_embeddings, "with residual='ngpt': nGPT's head is its own (W_z with "
+                                                          "per-token scales s_z, as its reference code keeps it); "
+                                                          "tying it to the embedding is not implemented")
         if cfg.dropout:
             _refuse("dropout", cfg.dropout, "with residual='ngpt': nGPT normalises every branch to the unit "
                                             "sphere, which undoes inverted dropout's 1 / (1 - p); use dropout=0")
