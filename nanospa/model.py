@@ -54,7 +54,7 @@ import numpy as np
 
 from . import backend, fused, signal
 from .functions import Shaped
-from .nn import Dropout, DropoutMasks, Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, orthogonal
+from .nn import Dropout, Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, orthogonal
 from .tensor import Tensor, no_grad
 
 MIN_TEMPERATURE = 1e-6  # generate(): temperature 0 means greedy; logits are divided by at least this
@@ -450,9 +450,11 @@ class GPT(Module):
                 Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
         norm = variant("norm", cfg.norm)
         self.ln_f = norm.build(cfg) if norm and cfg.uses_final_norm else None
-        self.dropout_masks = DropoutMasks(seed)                       # every Dropout's masks (nn.py)
-        for site, d in enumerate(m for m in self.modules() if isinstance(m, Dropout)):
-            d.masks, d.site = self.dropout_masks, site
+        self.dropout_masks = None                                     # every Dropout's masks, if any
+        if cfg.dropout:                                               # beyond/dropout.py, by name
+            self.dropout_masks = importlib.import_module("nanospa.beyond.dropout").DropoutMasks(seed)
+            for site, d in enumerate(m for m in self.modules() if isinstance(m, Dropout)):
+                d.masks, d.site = self.dropout_masks, site
 
     @property
     def activation(self):
@@ -535,7 +537,8 @@ class GPT(Module):
         for m in self.modules():
             if m is not self and hasattr(m, "after_step"):
                 m.after_step()
-        self.dropout_masks.step += 1
+        if self.dropout_masks is not None:
+            self.dropout_masks.step += 1
 
 
 def _as_index(idx, name, vocab_size):

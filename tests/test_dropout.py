@@ -1,4 +1,4 @@
-"""Dropout (GPTConfig.dropout; nn.Dropout, nn.DropoutMasks, functions.Dropout): nanoGPT's
+"""Dropout (GPTConfig.dropout; nn.Dropout, beyond/dropout.py DropoutMasks, functions.Dropout): nanoGPT's
 three places, active in training mode only, inverted (kept entries times 1 / (1 - p)), masks
 that change with each optimiser step and not with how a step is split (worker threads'
 slices, micro-batches, MPI ranks), a prefix of a sequence seeing the masks of the whole, and
@@ -14,9 +14,11 @@ import pytest
 from conftest import tiny_config
 from nanospa import GPT, GPTConfig, Tensor, signal
 from nanospa.gradcheck import check_directions
-from nanospa.nn import Dropout, DropoutMasks, batch_rows
+from nanospa.beyond.dropout import DropoutMasks
+from nanospa.nn import Dropout
 from nanospa.predict import predict_kernels
 from nanospa.run import step, threads
+from nanospa.run.threads import batch_rows
 
 IDX = np.random.default_rng(0).integers(0, 13, (4, 8))
 TARGETS = np.roll(IDX, -1, axis=1)
@@ -43,7 +45,7 @@ def test_config_takes_a_rate_in_0_1_and_refuses_what_cannot_drop():
     GPTConfig(dropout=0.1, block_size=512, attention_impl="dense")
     with pytest.raises(ValueError, match=r"GPTConfig.dropout=0.1 with residual='ngpt'"):
         GPTConfig(dropout=0.1, residual="ngpt", activation="swish")
-    assert GPTConfig(dropout=0.1).paper_only()                       # no extension loaded for it
+    assert GPTConfig().paper_only() and not GPTConfig(dropout=0.1).paper_only()   # its masks: beyond/dropout.py
 
 
 def test_kept_entries_are_scaled_by_one_over_one_minus_p():

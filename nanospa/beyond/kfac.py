@@ -33,9 +33,9 @@ import threading
 import numpy as np
 
 from .. import backend
-from ..nn import Linear, batch_rows
+from ..nn import Linear
 from ..optim import _check_betas, adamw_update, check_lr
-from ..run.threads import parallel_map, slice_bounds, threads
+from ..run.threads import batch_rows, parallel_map, slice_bounds, threads
 from ..tensor import Function, no_grad
 
 FISHER_MODES = ("sampled", "empirical", "exact")

@@ -23,8 +23,8 @@ The file (np.savez, no pickled objects, docs/style.md §5):
                   data_position (null: batches are random windows, there is no position),
                   train_loss (the saved state's loss on its step's batch), best_train_loss
                   (the lowest training loss so far: what "good" is measured against), data,
-                  dropout_masks (the state of the model's dropout masks, nn.DropoutMasks: its
-                  key and step)
+                  dropout_masks (with dropout: the state of the model's masks, beyond/dropout.py
+                  DropoutMasks: its key and step)
 
 An exact resume needs exactly these: the weights, AdamW's moments and step count, and the
 batch generator's and the dropout masks' states, so that the resumed run draws the batches
@@ -229,8 +229,10 @@ def restore(ckpt, optimizer, rng, model=None, path="the checkpoint"):
     try:
         if model is not None:
             model.load_state_dict(ckpt["model"])
-            if "dropout_masks" in ckpt["state"]:         # a checkpoint from before dropout: none
-                model.dropout_masks.load(ckpt["state"]["dropout_masks"])
+            masks = getattr(model, "dropout_masks", None)
+            if masks is not None:                       # the masks of the step it stopped at
+                saved = ckpt["state"].get("dropout_masks")   # none: written without dropout
+                masks.load(saved if saved is not None else dict(masks.state(), step=ckpt["state"]["iter"]))
         optimizer.load_state_dict(ckpt["optim"])
         rng.bit_generator.state = ckpt["state"]["rng"]
         best = ckpt["state"]["best_val_loss"]

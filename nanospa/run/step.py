@@ -9,7 +9,7 @@ parallel run sits behind these calls:
                              held at a time), under MPI this rank's share of each
                              (run/distributed.py); weight = n_j / N, its share of the batch.
                              While the caller's loop body runs, the micro-batch's rows are
-                             known as rows lo.. of the batch (nn.batch_rows): the dropout masks
+                             known as rows lo.. of the batch (run/threads.batch_rows): the dropout masks
                              of a step do not depend on how it is split
     forward(model, x, y)     -> the model's mean loss on (x, y), its slices' forwards on the
                              run/threads.threads() worker threads: a threads.SlicedLoss, whose
@@ -48,10 +48,9 @@ what a signal does to a step (run/session.py).
 import math
 
 from .. import backend
-from ..nn import batch_rows
 from ..optim import clip_grad_norm
 from .distributed import World
-from .threads import slice_bounds, sliced_loss
+from .threads import batch_rows, slice_bounds, sliced_loss
 
 SINGLE = World()     # one process: every collective is the identity
 
