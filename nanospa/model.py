@@ -16,6 +16,10 @@ Attention (per head h; scale 1/sqrt(hs); B_l, D_l from the plan through nanospa.
     value_skipinit   A_h = alpha I + beta P_h        (alpha = 1, beta = 0 trainable)
     uspa / espa      A_h = diag(D_l) softmax(scale Q_h K_h^T + B_l + causal mask)
 
+With dropout p (training mode only; method §2.5) the embedding, each P and each sublayer's
+output pass through nn.Dropout, nanoGPT's places; the model owns their masks' generator
+(dropout_masks, moved on by after_step).
+
 A variant is one class in one registry, its forward beside what it is at initialisation
 (docs/adding_a_variant.md): ATTENTIONS (at_init: the matrix A_l a block applies), NORMS and
 RESIDUALS (at_init: their kernel maps), POSITIONS (at_init: the input kernel Sigma_0). The
@@ -50,7 +54,7 @@ import numpy as np
 
 from . import backend, fused, signal
 from .functions import Shaped
-from .nn import Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, orthogonal
+from .nn import Dropout, Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, orthogonal
 from .tensor import Tensor, no_grad
 
 MIN_TEMPERATURE = 1e-6  # generate(): temperature 0 means greedy; logits are divided by at least this
@@ -80,13 +84,14 @@ class ShapedActivation:
 
 # ----------------------------------------------------------------------------- attention
 
-def dense_attention(q, k, v, scale, bias, carry=None):
+def dense_attention(q, k, v, scale, bias, carry=None, drop=None):
     """softmax(scale Q K^T + bias + causal mask) V with the whole (B, H, T, T) matrix P ->
     (y, P). bias: (stored, blocks), a stored (T_max, T_max) B (an array, or a Parameter) and a
-    function (i0, i1, j0, j1, dtype) -> a block of fixed logits made on demand; either None."""
+    function (i0, i1, j0, j1, dtype) -> a block of fixed logits made on demand; either None.
+    drop: the attention's nn.Dropout on P (identity outside training), or None."""
     P = fused.softmax(q @ k.transpose(0, 1, 3, 2), dense_bias(bias, q.shape[-2], q.dtype), scale=scale,
                       causal=True)                                 # (B, H, T, T)
-    return P @ v, P                                                # (B, H, T, hs)
+    return (P if drop is None else drop(P)) @ v, P                 # (B, H, T, hs)
 
 
 def dense_bias(bias, T, dtype):
@@ -130,6 +135,8 @@ class Attention(Module):
         if cfg.attention != "softmax" or cfg.zero_query:
             self.q.weight.data = weight(np.zeros((C, C)), dt)        # W^Q = 0: A_l set by B_l, D_l
         self.evaluate, self.hooks = evaluate, []
+        self.attn_drop = Dropout(cfg.dropout, (H, cfg.block_size, cfg.block_size))   # on P (nanoGPT's)
+        self.resid_drop = Dropout(cfg.dropout, (cfg.block_size, C))                  # on the output
 
     def attach(self, hooks):
         """Extensions on the queries, keys and logits (beyond/), each adding its parameters."""
@@ -147,11 +154,12 @@ class Attention(Module):
         for hook in self.hooks:                                  # extensions only
             q, k, scale, bias = hook.logits(q, k, scale, bias)
         by_blocks = getattr(self.evaluate, "by_blocks", False)   # no (T, T) P to record: trace densely
-        y, P = (dense_attention if record is not None and by_blocks else self.evaluate)(q, k, v, scale, bias, carry)
+        evaluate = dense_attention if record is not None and by_blocks else self.evaluate
+        y, P = evaluate(q, k, v, scale, bias, carry, self.attn_drop)
         y = self.output(y, v)                                    # (B, H, T, hs)
         if record is not None:
-            record["attention"] = self.effective(P.data)
-        return self.proj(y.transpose(0, 2, 1, 3).reshape(B, T, C))   # (B, H, T, hs) -> (B, T, C)
+            record["attention"] = self.effective(P.data)         # P undropped
+        return self.resid_drop(self.proj(y.transpose(0, 2, 1, 3).reshape(B, T, C)))   # (B, H, T, hs) -> (B, T, C)
 
     def logit_bias(self):
         return None, None
@@ -258,12 +266,13 @@ class MLP(Module):
         self.fc = Linear(C, M, bias=cfg.bias, rng=rng, dtype=dt)
         self.proj = Linear(M, C, bias=cfg.bias, rng=rng, dtype=dt)
         self.act = act                                              # phi_hat(x) = s (phi(a x + b) + o)
+        self.drop = Dropout(cfg.dropout, (cfg.block_size, C))
         # orthogonal, scaled so that a wide layer keeps q: the DKS/TAT condition W_1 W_1^T = (M / C) I
         self.fc.weight.data = weight(orthogonal(rng, C, M, max(math.sqrt(M / C), 1.0)), dt)
         self.proj.weight.data = weight(orthogonal(rng, M, C, max(math.sqrt(C / M), 1.0)), dt)
 
     def forward(self, x):
-        return self.proj(self.act(self.fc(x)))  # (B, T, C) -> (B, T, 4C) -> (B, T, C)
+        return self.drop(self.proj(self.act(self.fc(x))))  # (B, T, C) -> (B, T, 4C) -> (B, T, C)
 
 
 # ----------------------------------------------------------------------------- norms, residuals
@@ -392,12 +401,17 @@ def variant(field, name):
     return check_kind(registry[name]) if field == "attention" else registry[name]
 
 
+def dense(cfg):
+    """Whether cfg's attention forms the whole (T, T) matrix P (attention_impl "dense", or "auto"
+    up to DENSE_MAX_T), rather than working by blocks."""
+    return cfg.attention_impl == "dense" or (cfg.attention_impl == "auto" and cfg.block_size <= DENSE_MAX_T)
+
+
 def evaluation(cfg):
     """How attention's softmax is computed: dense_attention, or an extension's where cfg asks
     for attention by blocks (attention_impl, or "auto" beyond DENSE_MAX_T) or RealFormer's
     carried scores (residual_attention)."""
-    dense = cfg.attention_impl == "dense" or (cfg.attention_impl == "auto" and cfg.block_size <= DENSE_MAX_T)
-    if dense and not cfg.residual_attention:
+    if dense(cfg) and not cfg.residual_attention:
         return dense_attention
     return importlib.import_module("nanospa.beyond").evaluation(cfg)
 
@@ -425,13 +439,22 @@ class GPT(Module):
         self.position = variant("pos", cfg.pos)(cfg, self.plan)
         self.wpe = None
         self.position.build(self, rng)
+        self.drop = Dropout(cfg.dropout, (cfg.block_size, C))        # on the embedding (nanoGPT's)
         make_block, evaluate = getattr(scheme, "block", Block), evaluation(cfg)
         self.blocks = [make_block(cfg, self.plan, l, act, rng, self.position.hooks(l), evaluate)
                        for l in range(1, cfg.n_layer + 1)]
-        self.head = scheme.head(cfg, rng) if hasattr(scheme, "head") else \
-            Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
+        if cfg.tie_embeddings:          # logits (x / sqrt(C)) W_e^T: wte's one Parameter (docs/method.md §2.6)
+            self.head, self.tied_scale = None, 1.0 / math.sqrt(C)
+        else:
+            self.head = scheme.head(cfg, rng) if hasattr(scheme, "head") else \
+                Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
         norm = variant("norm", cfg.norm)
         self.ln_f = norm.build(cfg) if norm and cfg.uses_final_norm else None
+        self.dropout_masks = None                                     # every Dropout's masks, if any
+        if cfg.dropout:                                               # beyond/dropout.py, by name
+            self.dropout_masks = importlib.import_module("nanospa.beyond.dropout").DropoutMasks(seed)
+            for site, d in enumerate(m for m in self.modules() if isinstance(m, Dropout)):
+                d.masks, d.site = self.dropout_masks, site
 
     @property
     def activation(self):
@@ -447,7 +470,7 @@ class GPT(Module):
 
     def forward(self, idx, targets=None, record=None):
         idx, targets = _token_ids(idx, targets, self.config.vocab_size)   # on the model's device
-        x = self.embed(idx)                                 # (B, T) -> (B, T, C)
+        x = self.drop(self.embed(idx))                      # (B, T) -> (B, T, C)
         if record is not None:
             record.hidden.append(backend.to_numpy(x.data))
         carry = {}                                          # what one block hands the next (RealFormer)
@@ -460,7 +483,10 @@ class GPT(Module):
                 record.attention.append(backend.to_numpy(layer["attention"]))
         if self.ln_f is not None:
             x = self.ln_f(x)
-        logits = self.head(x)                               # (B, T, V)
+        if self.head is not None:
+            logits = self.head(x)                           # (B, T, V)
+        else:                                               # tied: W_e^T scaled to the untied head's N(0, 1/C)
+            logits = (x * self.tied_scale) @ self.wte.weight.T
         loss = None if targets is None else fused.cross_entropy(logits, targets)
         return logits, loss
 
@@ -506,13 +532,13 @@ class GPT(Module):
         """Call once after every optimiser step (train.py and the experiments do): each module
         with an ``after_step`` method runs it, in module order. The seam for schemes whose
         state moves with training rather than with gradients (renormalised weights, scheduled
-        mixing coefficients); a model of the paper's variants has none and this does nothing."""
-        def walk(m):
+        mixing coefficients); a model of the paper's variants has none. Then the dropout masks
+        move on to the next step's (DropoutMasks.step)."""
+        for m in self.modules():
             if m is not self and hasattr(m, "after_step"):
                 m.after_step()
-            for _, child in m.children():
-                walk(child)
-        walk(self)
+        if self.dropout_masks is not None:
+            self.dropout_masks.step += 1
 
 
 def _as_index(idx, name, vocab_size):

@@ -8,10 +8,11 @@ Buffers (``register_buffer``) are non-trainable arrays that travel with the stat
 numpy.random.Generator handed in, then moved to the current device by backend.asarray.
 
 A Module is in training mode unless ``eval()`` (or ``with module.evaluating():``) says
-otherwise; only layers whose statistics come from the batch read the flag (nanospa/beyond/norms.py).
+otherwise; only Dropout and the layers whose statistics come from the batch
+(nanospa/beyond/norms.py) read the flag.
 
 Here: Parameter, Module, orthogonal (the Haar-random matrix of the SPA initialisation),
-Linear, Embedding, LayerNorm, RMSNorm. Not here: DyT, the batch-statistics norms and
+Linear, Embedding, Dropout (its masks' generator: beyond/dropout.py), LayerNorm, RMSNorm. Not here: DyT, the batch-statistics norms and
 GroupNorm (beyond/norms.py), the ops these layers call
 (functions.py, shape_ops.py, fused.py), and the attention and MLP blocks with their
 signal-propagation initialisation, which model.py writes over the default weights.
@@ -21,6 +22,7 @@ import contextlib
 import numpy as np
 
 from . import backend
+from .functions import dropout
 from .fused import LAYER_NORM_EPS, RMS_NORM_EPS, layer_norm, rms_norm
 from .shape_ops import embedding
 from .tensor import Tensor
@@ -45,8 +47,9 @@ class Module:
 
     def train(self, mode=True):
         """Training mode (mode=True) or evaluation mode on this module and every sub-module;
-        returns self. BatchNorm and PRepBN use batch statistics in training mode and running
-        statistics in evaluation mode; every other layer ignores the flag."""
+        returns self. Dropout drops only in training mode; BatchNorm and PRepBN use batch
+        statistics in training mode and running statistics in evaluation mode; every other
+        layer ignores the flag."""
         object.__setattr__(self, "training", bool(mode))
         for _, child in self.children():
             child.train(mode)
@@ -82,6 +85,12 @@ class Module:
                 for i, v in enumerate(value):
                     if isinstance(v, Module):
                         yield f"{name}.{i}", v
+
+    def modules(self):
+        """This module and every sub-module, depth first, in the order they were assigned."""
+        yield self
+        for _, child in self.children():
+            yield from child.modules()
 
     def named_parameters(self, prefix=""):
         for name, value in vars(self).items():
@@ -184,6 +193,27 @@ class Embedding(Module):
 
     def forward(self, idx):
         return embedding(self.weight, idx)  # (B, T) -> (B, T, C)
+
+
+# ----------------------------------------------------------------------------- dropout
+
+class Dropout(Module):
+    """Inverted dropout at one site of a model: in training mode each entry of x (B, ...) is
+    kept with probability 1 - p and scaled by 1 / (1 - p), else set to 0 (functions.dropout);
+    in evaluation mode, or with p = 0, x itself. `full`: a row's shape at the full block_size.
+    The masks come from the model's DropoutMasks (beyond/dropout.py), which a model with
+    dropout hands to each of its sites with the site's number (model.GPT: `masks`, `site`)."""
+
+    def __init__(self, p, full):
+        super().__init__()
+        self.p, self.full, self.masks, self.site = float(p), tuple(full), None, None
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        if self.masks is None:
+            raise RuntimeError("Dropout: no DropoutMasks (a model hands its own to each of its Dropout sites)")
+        return dropout(x, self.masks.keep(x.data, self.site, self.p, self.full), self.p)
 
 
 class LayerNorm(Module):

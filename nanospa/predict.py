@@ -21,6 +21,9 @@ distinct tokens give I for pos "none"):
     MLP              signal.MLPMap: the C-map on correlations with the Q-map on the diagonal
     residual, norm   their classes' at_init: a^2 Sigma_x + b^2 Sigma_h; Sigma -> C
 
+Dropout (GPTConfig.dropout) is left out: these are the kernels of the model in evaluation mode,
+where dropout is the identity; docs/method.md §2.5 says what it does in training mode at init.
+
 "Wide limit" means n_embd -> inf with the model's own initialisation (docs/method.md §2.4):
 the predictions hold exactly there, and at finite width up to O(d^-1/2) fluctuations
 (tests/test_predict.py holds every registered variant to a wide model's measured kernels).

@@ -32,6 +32,7 @@ def positive(*shape):
 
 
 COND = R.standard_normal((3, 4)) > 0
+KEEP = R.uniform(size=(2, 3, 4)) > 0.3     # a fixed dropout mask: the op is checked with it held
 
 
 def shaped(t, base, **kw):
@@ -62,6 +63,7 @@ OPS = {
     "elu": (lambda a: a.elu(), [away_from_zero(3, 4)]),
     "swish": (lambda a: a.swish(), [normal(3, 4) * 2]),
     "where": (lambda a, b: F.where(COND, a, b), [normal(3, 4), normal(4)]),
+    "dropout": (lambda a: F.dropout(a, KEEP, 0.3), [normal(2, 3, 4)]),
     "shaped_lrelu": (lambda a: shaped(a, "leaky_relu", s=1.3, negative_slope=0.35), [away_from_zero(3, 4)]),
     "shaped_lrelu_shifted": (lambda a: shaped(a, "leaky_relu", a=0.9, b=0.05, s=1.1, negative_slope=0.2),
                              [away_from_zero(3, 4)]),

@@ -238,7 +238,8 @@ def _variants():
     out += [dict(attention_impl="blockwise", attention_block=8, attention="softmax", pos="alibi"),
             dict(attention_impl="blockwise", attention_block=8, train_bias=True),
             dict(residual_attention=True, attention="softmax"), dict(train_bias=True),
-            dict(skipinit_per_head=True, attention="value_skipinit"), dict(bias=True)]
+            dict(skipinit_per_head=True, attention="value_skipinit"), dict(bias=True), dict(dropout=0.2),
+            dict(dropout=0.2, attention="softmax", residual_attention=True)]
     return out
 
 
@@ -303,6 +304,7 @@ SCHEMES = {
     "prepbn": dict(residual="standard", norm="prepbn", norm_causal=True),
     "ngpt": dict(residual="ngpt", activation="swish"), "deepnorm": dict(residual="deepnorm", norm="layernorm"),
     "realformer": dict(residual_attention=True, attention="softmax"), "train_bias": dict(train_bias=True),
+    "dropout": dict(dropout=0.2),
 }
 OPTIMIZERS = {"adamw": {}, "kfac": dict(optimizer="kfac"), "mup": dict(mup_base_width=8)}
 

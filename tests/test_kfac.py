@@ -224,8 +224,11 @@ def test_moving_average_is_bias_corrected():
         np.testing.assert_allclose(f, sum(wj * e[k] for wj, e in zip(w, est)) / (1 - 0.8 ** 3), rtol=1e-12)
 
 
-def test_threads_give_the_same_factors():
-    cfg = tiny_config()
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_threads_give_the_same_factors(dropout):
+    """With dropout each slice of the curvature pass draws its own rows' masks (those of the
+    step's training pass), so the factors do not depend on the threads either."""
+    cfg = tiny_config(dropout=dropout)
     x, y = np.random.default_rng(2).integers(0, cfg.vocab_size, size=(2, 4, cfg.block_size))
     out = []
     for n in (1, 2):

@@ -26,13 +26,14 @@ OTHER = dict(
     lr_decay_iters=5, weight_decay=0.1, beta1=0.8, beta2=0.9, grad_clip=0.5, mup_base_width=8, kfac_damping=1e-3,
     kfac_damping_mode="exact", kfac_ema=0.9, kfac_inv_interval=5, kfac_inverse_dtype="float32", kfac_momentum=0.4,
     kfac_kl_clip=1e-2, kfac_fisher="empirical", kfac_stats_fraction=0.5, kfac_adam_lr_ratio=0.1, muon_momentum=0.9,
-    muon_nesterov=False, muon_ns_steps=4, muon_adam_lr_ratio=0.2,
+    muon_nesterov=False, muon_ns_steps=4, muon_adam_lr_ratio=0.2, dropout=0.1,
     # the model: GPTConfig's fields
     block_size=32, n_layer=3, n_head=4, n_embd=32, mlp_ratio=2, attention="uspa", activation="tat_gelu",
     residual="standard", residual_beta=0.2, norm="layernorm", norm_causal=True, norm_groups=2, prepbn_steps=10,
     prepbn_eta=0.5, norm_position="post", final_norm="yes", pos="learned", dtype="float64",
     kernel_budget="independent", gamma_final=0.5, rho_final=0.7, final_corr=0.3, zeta=1.6, eta=0.5, tau=0.2,
     shaping_depth=4, train_bias=True, zero_query=True, skipinit_per_head=True, bias=True, residual_attention=True,
+    tie_embeddings=True,
 )
 CONTEXT = dict(norm_causal=["--norm=batchnorm", "--residual=standard"])   # valid only beside these
 SAME_MEANING = dict(attention="espa", norm_position="pre", final_norm="no")   # what 'auto' is for this model

@@ -239,10 +239,12 @@ def test_run_logs_evaluates_checkpoints_and_samples(tmp_path, text_file, capsys)
     assert config["n_layer"] == 2 and config["vocab_size"] == 256
 
 
-def test_threads_train_slices_of_the_batch_with_the_same_result(tmp_path, text_file, capsys):
+@pytest.mark.parametrize("dropout", [[], ["--dropout=0.2"]])
+def test_threads_train_slices_of_the_batch_with_the_same_result(tmp_path, text_file, capsys, dropout):
     # In float64 the sliced batch gives the whole batch's gradients up to the order of one
     # sum, so the losses of 6 steps agree to rounding; float32 runs drift apart further.
-    common = ["--max_iters=6", "--log_interval=1", "--eval_interval=6", "--dtype=float64"]
+    # With dropout each slice draws its own rows' masks: the same masks as one thread.
+    common = ["--max_iters=6", "--log_interval=1", "--eval_interval=6", "--dtype=float64", *dropout]
     assert run(tmp_path, text_file, *common, "--threads=1", out="one") == 0
     assert "(1 threads)" in capsys.readouterr().out
     assert run(tmp_path, text_file, *common, "--threads=2", out="two") == 0
@@ -250,7 +252,8 @@ def test_threads_train_slices_of_the_batch_with_the_same_result(tmp_path, text_f
     one, two = read_log(tmp_path / "one"), read_log(tmp_path / "two")
     assert [r["iter"] for r in one] == [r["iter"] for r in two] == list(range(7))
     np.testing.assert_allclose([r["train_loss"] for r in two], [r["train_loss"] for r in one], rtol=1e-12)
-    assert one[-1]["train_loss"] < one[0]["train_loss"] - 0.05    # it did train
+    if not dropout:                                                 # (record 0: evaluation mode's loss)
+        assert one[-1]["train_loss"] < one[0]["train_loss"] - 0.05    # it did train
     assert cpu.threads() == 1                                       # restored for the caller
 
 
@@ -272,7 +275,8 @@ def test_threads_zero_is_one_per_core_capped():
 
 
 @pytest.mark.parametrize("extra", [["--threads=1"], ["--threads=2", "--batch_size=2", "--grad_accum=2"],
-                                   ["--threads=2", "--optimizer=kfac", "--kfac_inv_interval=2"]])
+                                   ["--threads=2", "--optimizer=kfac", "--kfac_inv_interval=2"],
+                                   ["--threads=2", "--grad_accum=2", "--optimizer=kfac", "--dropout=0.2"]])
 def test_the_loop_of_train_py_is_train_step(tmp_path, text_file, extra):
     """train.py writes its step out (forward, backward, clip, update: run/step.py's parts);
     the experiments take it as one call, run/step.train_step. From the same start on the same
@@ -318,6 +322,21 @@ def test_eval_only_reports_and_writes_nothing(tmp_path, text_file, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_evaluation_and_the_sample_run_without_dropout(tmp_path, text_file, capsys):
+    """estimate_loss (losses and signal statistics) and the sample are the model in evaluation
+    mode: with --dropout=0.5 they print what the same model without dropout prints."""
+    shown = []
+    for dropout in ("0.0", "0.5"):
+        assert run(tmp_path, text_file, "--eval_only", f"--dropout={dropout}") == 0
+        shown.append([line for line in capsys.readouterr().out.splitlines() if line.startswith("init:")])
+    assert shown[0] == shown[1] and len(shown[0]) == 3
+    samples = []
+    for dropout in ("0.0", "0.5"):
+        assert run(tmp_path, text_file, "--max_iters=0", f"--dropout={dropout}", out=f"d{dropout}") == 0
+        samples.append(capsys.readouterr().out.split("sample:")[1])
+    assert samples[0] == samples[1]
+
+
 def test_eval_only_needs_only_read_access(tmp_path, text_file, capsys, monkeypatch):
     """A finished run on a read-only disk can still be evaluated; training there is refused."""
     assert run(tmp_path, text_file, "--max_iters=2") == 0
@@ -335,8 +354,10 @@ def test_eval_only_needs_only_read_access(tmp_path, text_file, capsys, monkeypat
 
 # ----------------------------------------------------------------------------- checkpoints
 
-def test_resume_reproduces_the_uninterrupted_run(tmp_path, text_file):
-    common = ["--log_interval=1", "--eval_interval=3", "--lr_decay_iters=8", "--checkpoint_interval=100"]
+@pytest.mark.parametrize("dropout", [[], ["--dropout=0.2"]])
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, text_file, dropout):
+    """With dropout the checkpoint holds its masks' state (the step they are at)."""
+    common = ["--log_interval=1", "--eval_interval=3", "--lr_decay_iters=8", "--checkpoint_interval=100", *dropout]
     assert run(tmp_path, text_file, "--max_iters=8", *common, out="whole") == 0
     assert run(tmp_path, text_file, "--max_iters=4", *common, out="split") == 0
     assert run(tmp_path, text_file, "--max_iters=8", "--init_from=resume", *common, out="split") == 0

@@ -10,6 +10,7 @@ initialisation (docs/adding_a_variant.md), and one row of EXTENSIONS:
     norm                     dyt, batchnorm, prepbn, groupnorm: norms.py
     residual                 deepnorm: schemes.py; ngpt: ngpt.py (its own block, embedding, head)
     evaluation (of softmax)  by blocks at long T: blockwise.py; RealFormer's carried scores: schemes.py
+    dropout's masks          nanoGPT's dropout (nn.Dropout's generator): dropout.py
     optimiser                K-FAC: kfac.py; Muon: muon.py; muP's rates: optimizers.py
 
     variant(field, name)     an extension's class, imported on demand
@@ -58,7 +59,7 @@ def resolve_auto(cfg):
 def configure(cfg):
     """The checks of cfg's extension values and fields (ValueError naming the field)."""
     from ..model import REGISTRIES
-    from . import blockwise, norms, positions, schemes
+    from . import blockwise, dropout, norms, positions, schemes
     for field, known in REGISTRIES.items():
         value = getattr(cfg, field)
         if value not in known and value != "auto":
@@ -66,4 +67,5 @@ def configure(cfg):
     norms.check_config(cfg)
     schemes.check_config(cfg)
     blockwise.check_config(cfg)
+    dropout.check_config(cfg)
     positions.check_config(cfg)

@@ -56,12 +56,15 @@ IMPLS = ("auto", "dense", "blockwise")
 
 def evaluation(cfg):
     """model.Attention's evaluate for attention by blocks (cfg.attention_impl "blockwise", or
-    "auto" beyond model.DENSE_MAX_T): (q, k, v, scale, bias, carry) -> (y, None), bias the
+    "auto" beyond model.DENSE_MAX_T): (q, k, v, scale, bias, carry, drop) -> (y, None), bias the
     attention's (stored, blocks) as in model.dense_attention. by_blocks tells SPA attention to
-    keep B_l's O(T) parts instead of the (T, T) matrix."""
+    keep B_l's O(T) parts instead of the (T, T) matrix. No dropout of P here (GPTConfig refuses
+    dropout with attention by blocks)."""
     block = cfg.attention_block
 
-    def evaluate(q, k, v, scale, bias, carry=None):
+    def evaluate(q, k, v, scale, bias, carry=None, drop=None):
+        if drop is not None and drop.p:                  # GPTConfig refuses dropout here
+            raise ValueError("attention by blocks has no (T, T) P to drop: dropout needs attention_impl='dense'")
         stored, blocks = bias
         fixed = None if blocks is None else (lambda i0, i1, j0, j1: blocks(i0, i1, j0, j1, q.dtype))
         trained = stored if isinstance(stored, Tensor) else (None if stored is None else Tensor(stored))

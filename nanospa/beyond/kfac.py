@@ -35,7 +35,7 @@ import numpy as np
 from .. import backend
 from ..nn import Linear
 from ..optim import _check_betas, adamw_step, check_lr
-from ..run.threads import parallel_map, slice_bounds, threads
+from ..run.threads import batch_rows, parallel_map, slice_bounds, threads
 from ..tensor import Function, no_grad
 
 FISHER_MODES = ("sampled", "empirical", "exact")
@@ -263,7 +263,8 @@ class KFAC:
             lo, hi = bounds[s], bounds[s + 1]
             self._local.stats = stats = {}
             try:
-                self._pass(idx[lo:hi], None if targets is None else targets[lo:hi], u, lo, hi)
+                with batch_rows(lo):              # rows lo.. of the batch: the training pass's dropout masks
+                    self._pass(idx[lo:hi], None if targets is None else targets[lo:hi], u, lo, hi)
             finally:
                 self._local.stats = None
             return stats

@@ -111,6 +111,9 @@ def mup_lr_scales(model, base_width):
     (nanospa's, not muP's): the rule is tried as a rate transfer alone (docs/results.md)."""
     if not base_width:
         return None
+    if model.config.tie_embeddings:
+        raise ValueError(f"mup_base_width={base_width} with tie_embeddings=True: muP scales the head's rate "
+                         f"and keeps the embedding's, and tied they are one matrix; untie or set mup_base_width=0")
     from ..nn import Linear
     ratio = base_width / model.config.n_embd
     weights, todo = set(), [model]

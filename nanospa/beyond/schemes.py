@@ -51,13 +51,14 @@ def carry_scores(carry, scores):
     return scores
 
 
-def carried_scores_attention(q, k, v, scale, bias, carry=None):
-    """model.dense_attention with RealFormer's carried scores: softmax(S_l + B_l + mask) V."""
+def carried_scores_attention(q, k, v, scale, bias, carry=None, drop=None):
+    """model.dense_attention with RealFormer's carried scores: softmax(S_l + B_l + mask) V
+    (drop: the attention's dropout on P, as there; the scores carried are never dropped)."""
     scores = q @ k.transpose(0, 1, 3, 2) * scale                    # (B, H, T, T)
     if carry is not None:
         scores = carry_scores(carry, scores)
     P = fused.softmax(scores, dense_bias(bias, q.shape[-2], q.dtype), scale=1.0, causal=True)
-    return P @ v, P
+    return (P if drop is None else drop(P)) @ v, P
 
 
 carried_scores_attention.carries_scores = True      # predict.BlockMaps: the layers' logits add
@@ -110,6 +111,13 @@ def check_config(cfg):
                                     "take the embedding off the unit sphere; use pos='none'")
         if cfg.final_norm == "yes":
             _refuse("final_norm", cfg.final_norm, "with residual='ngpt': there are no norm layers")
+        if cfg.tie_embeddings:
+            _refuse("tie_embeddings", cfg.tie_embeddings, "with residual='ngpt': nGPT's head is its own (W_z with "
+                                                          "per-token scales s_z, as its reference code keeps it); "
+                                                          "tying it to the embedding is not implemented")
+        if cfg.dropout:
+            _refuse("dropout", cfg.dropout, "with residual='ngpt': nGPT normalises every branch to the unit "
+                                            "sphere, which undoes inverted dropout's 1 / (1 - p); use dropout=0")
     if cfg.residual_attention and cfg.attention_impl == "blockwise":
         _refuse("attention_impl", cfg.attention_impl, "with residual_attention=True: the carried "
                                                       "scores are (B, H, T, T), use 'dense' or 'auto'")

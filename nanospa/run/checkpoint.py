@@ -22,11 +22,14 @@ The file (np.savez, no pickled objects, docs/style.md §5):
                   evaluation), rng (bit-generator state of the training batches' Generator),
                   data_position (null: batches are random windows, there is no position),
                   train_loss (the saved state's loss on its step's batch), best_train_loss
-                  (the lowest training loss so far: what "good" is measured against), data
+                  (the lowest training loss so far: what "good" is measured against), data,
+                  dropout_masks (with dropout: the state of the model's masks, beyond/dropout.py
+                  DropoutMasks: its key and step)
 
 An exact resume needs exactly these: the weights, AdamW's moments and step count, and the
-batch generator's state, so that the resumed run draws the batches the uninterrupted one
-would have drawn (tests/test_train.py checks that the two runs log equal losses).
+batch generator's and the dropout masks' states, so that the resumed run draws the batches
+and masks the uninterrupted one would have drawn (tests/test_train.py checks that the two
+runs log equal losses).
 
 Not here: when to save (train.py's loop), log.jsonl (train.py), the model's own key, shape
 and dtype checks (nanospa.nn.Module.load_state_dict).
@@ -69,6 +72,8 @@ def save_checkpoint(path, model, optimizer, settings, cfg, state):
     if bad:
         raise NotFiniteError(f"non-finite {', '.join(bad[:3])}{' and more' if len(bad) > 3 else ''} "
                              f"at iter {state.get('iter')}; {path} not written")
+    masks = getattr(model, "dropout_masks", None)
+    state = state if masks is None else dict(state, dropout_masks=masks.state())
     for name, obj in zip(JSON_PARTS, (settings, cfg.to_dict(), state)):
         arrays[name] = np.array(json.dumps(obj))                 # a 0-d unicode array, not a pickle
     tmp = f"{path}.{os.getpid()}.tmp"                           # same folder: os.replace is atomic
@@ -213,9 +218,9 @@ def training_state(iteration, best_val_loss, rng, data=None, train_loss=None, be
 
 
 def restore(ckpt, optimizer, rng, model=None, path="the checkpoint"):
-    """Load the model's arrays (when given), the optimiser state and the batch generator's
-    state in place; -> (iteration, best val loss, inf when none was recorded). A mismatch is
-    a CheckpointError naming `path`."""
+    """Load the model's arrays and dropout masks' state (when given), the optimiser state and
+    the batch generator's state in place; -> (iteration, best val loss, inf when none was
+    recorded). A mismatch is a CheckpointError naming `path`."""
     bad = non_finite_arrays(ckpt, model)           # never a good state: nothing is loaded, or written
     if bad:
         raise CheckpointError(f"checkpoint {path} holds non-finite values ({', '.join(bad[:3])}"
@@ -224,6 +229,10 @@ def restore(ckpt, optimizer, rng, model=None, path="the checkpoint"):
     try:
         if model is not None:
             model.load_state_dict(ckpt["model"])
+            masks = getattr(model, "dropout_masks", None)
+            if masks is not None:                       # the masks of the step it stopped at
+                saved = ckpt["state"].get("dropout_masks")   # none: written without dropout
+                masks.load(saved if saved is not None else dict(masks.state(), step=ckpt["state"]["iter"]))
         optimizer.load_state_dict(ckpt["optim"])
         rng.bit_generator.state = ckpt["state"]["rng"]
         best = ckpt["state"]["best_val_loss"]

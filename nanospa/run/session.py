@@ -82,8 +82,9 @@ GOOD = 2.0
 #   model    the model and the optimiser's kind, never changed on resume; compared as GPTConfig
 #            resolves them (attention 'auto' is 'espa' there, final_norm 'auto' what it means)
 #   run      what is trained and how it is evaluated (the batches, the schedule, the optimiser's
-#            settings, the evaluation set, the seed K-FAC draws from): refused by name unless
-#            --allow_changed names it, and then noted in the log
+#            settings, the evaluation set, the seed K-FAC draws from, the dropout rate: a GPTConfig
+#            field that adds no weights): refused by name unless --allow_changed names it, and
+#            then noted in the log
 # Every GPTConfig field not named here is of the kind model.
 RESUME_KINDS = dict(
     per_run=("out_dir", "init_from", "overwrite", "new_data", "eval_only", "preset", "allow_changed"),
@@ -95,7 +96,7 @@ RESUME_KINDS = dict(
          "weight_decay", "beta1", "beta2", "grad_clip", "mup_base_width", "kfac_damping", "kfac_damping_mode",
          "kfac_ema", "kfac_inv_interval", "kfac_inverse_dtype", "kfac_momentum", "kfac_kl_clip", "kfac_fisher",
          "kfac_stats_fraction", "kfac_adam_lr_ratio", "muon_momentum", "muon_nesterov", "muon_ns_steps",
-         "muon_adam_lr_ratio"),
+         "muon_adam_lr_ratio", "dropout"),
 )
 PER_RUN = RESUME_KINDS["per_run"]              # never from a checkpoint
 EVALUATION = ("batch_size", "grad_accum", "eval_iters")   # they make the evaluation batches

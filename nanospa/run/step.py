@@ -7,7 +7,10 @@ parallel run sits behind these calls:
     micro_batches(x, y, accum, world)   -> (xs, ys, weight) for each of ``accum`` micro-batches
                              of the batch (gradient accumulation: one micro-batch's activations
                              held at a time), under MPI this rank's share of each
-                             (run/distributed.py); weight = n_j / N, its share of the batch
+                             (run/distributed.py); weight = n_j / N, its share of the batch.
+                             While the caller's loop body runs, the micro-batch's rows are
+                             known as rows lo.. of the batch (run/threads.batch_rows): the dropout masks
+                             of a step do not depend on how it is split
     forward(model, x, y)     -> the model's mean loss on (x, y), its slices' forwards on the
                              run/threads.threads() worker threads: a threads.SlicedLoss, whose
                              backward() runs each slice's backward on its thread and adds the
@@ -47,7 +50,7 @@ import math
 from .. import backend
 from ..optim import clip_grad_norm
 from .distributed import World
-from .threads import slice_bounds, sliced_loss
+from .threads import batch_rows, slice_bounds, sliced_loss
 
 SINGLE = World()     # one process: every collective is the identity
 
@@ -60,7 +63,8 @@ def micro_batches(x, y, accum=1, world=SINGLE):
         raise ValueError(f"accum must be an integer in [1, {n}] (the batch's sequences), got {accum!r}")
     bounds = slice_bounds(n, accum)
     for lo, hi in zip(bounds, bounds[1:]):
-        yield world.shard(x[lo:hi]), world.shard(y[lo:hi]), (hi - lo) / n
+        with batch_rows(lo + world.rank * ((hi - lo) // world.size)):   # where this rank's rows start:
+            yield world.shard(x[lo:hi]), world.shard(y[lo:hi]), (hi - lo) / n   # their dropout masks
 
 
 def forward(model, x, y):

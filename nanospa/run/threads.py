@@ -20,11 +20,32 @@ whose results do not depend on it beyond the order of a sum.
 Each worker should call single-threaded BLAS, or threads x BLAS threads compete for the
 cores: train.py sets OPENBLAS_NUM_THREADS=1 before NumPy loads (BLAS reads it once).
 """
+import contextlib
 import os
 import threading
 
 from .. import backend
 from ..tensor import Tensor
+
+_rows = threading.local()          # the first row of this thread's model call (batch_rows)
+
+
+@contextlib.contextmanager
+def batch_rows(first):
+    """Within the block, a model call on this thread holds rows first, first + 1, ... of its
+    step's batch, and draws those rows' dropout masks (DropoutMasks). The code that splits a
+    step's batch says where each part starts: run/step.micro_batches (micro-batches, MPI
+    ranks), sliced_loss below (slices on worker threads); 0 outside."""
+    before, _rows.first = first_row(), int(first)
+    try:
+        yield
+    finally:
+        _rows.first = before
+
+
+def first_row():
+    """The index in its step's batch of the first row of a model call on this thread."""
+    return getattr(_rows, "first", 0)
 
 MAX_AUTO_THREADS = 4   # cpu_threads(0, ...): one per core, at most this many
 _threads = 1
@@ -159,13 +180,17 @@ def sliced_loss(loss_fn, *batch, slices=None):
 
     so SlicedLoss.backward() back-propagates slice s from L_s with upstream gradient n_s / n,
     on a worker thread, into a dict of its own, and adds the dicts to the leaves' ``.grad``
-    in slice order: the result does not depend on thread timing. With one slice this is
-    loss_fn(*batch) and its backward()."""
+    in slice order: the result does not depend on thread timing. Each slice's forward draws
+    its own rows' dropout masks (batch_rows), so the slices are the batch's call, masks
+    included. With one slice this is loss_fn(*batch) and its backward()."""
     n = len(batch[0])
     k = max(1, min(n, threads() if slices is None else slices))
-    bounds = slice_bounds(n, k)
-    parts = parallel_map(lambda s: _on_slice(s, loss_fn, *(b[bounds[s]:bounds[s + 1]] for b in batch)), range(k))
-    return SlicedLoss(parts, bounds)
+    bounds, first = slice_bounds(n, k), first_row()
+
+    def run(s):                                  # rows bounds[s]: of the call, first + bounds[s] of the
+        with batch_rows(first + bounds[s]):      # step's batch: their own dropout masks (batch_rows)
+            return _on_slice(s, loss_fn, *(b[bounds[s]:bounds[s + 1]] for b in batch))
+    return SlicedLoss(parallel_map(run, range(k)), bounds)
 
 
 def _on_slice(s, fn, *args):
