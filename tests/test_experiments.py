@@ -92,6 +92,23 @@ def test_fig1_tiny(tmp_path, capsys):
     assert kernels["espa/model, measured/depth1"].shape == (8, 8)      # tiny preset: T = 8
 
 
+def test_fig1_keeps_its_kernels_file_whole_when_writing_fails(tmp_path, capsys, monkeypatch):
+    """kernels.npz is written beside itself and renamed: a write that fails half-way leaves
+    the previous file as it was and no temporary file behind."""
+    out = tmp_path / "fig1"
+    assert main(["fig1", "--preset=tiny", f"--out={out}"]) == 0
+    before = (out / "kernels.npz").read_bytes()
+
+    def half_then_fail(f, **arrays):
+        f.write(b"PK half a file")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(np, "savez_compressed", half_then_fail)
+    assert main(["fig1", "--preset=tiny", f"--out={out}"]) == 2
+    assert "kernels.npz: No space left on device" in capsys.readouterr().err
+    assert (out / "kernels.npz").read_bytes() == before
+    assert sorted(p.name for p in out.iterdir() if p.name.endswith(".tmp")) == []
+
+
 def test_explicit_config_fields_apply_to_every_method(tmp_path, capsys):
     out = tmp_path / "o"
     assert main(["fig2", "--preset=tiny", "--kernel_budget=independent", "--n_layer=24",

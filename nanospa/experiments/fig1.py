@@ -26,6 +26,7 @@ import numpy as np
 
 from . import report, runner
 from ..measure import measure_config, measured_model_kernels, token_batch
+from ..run.corpus import atomic_write
 from ..run.settings import check_output_dir, help_text, parse_settings, run_command, wants_help
 from ..signal import make_plan, normalised_kernel
 from ..predict import attention_only_kernels, predicted_kernels
@@ -188,8 +189,8 @@ def _measured(argv, s, cfg, t0, load, started):
     result = dict(name=NAME, title=TITLE, paper=PAPER, settings=public, config=cfg.to_dict(),
                   depths=fig["depths"], stats=fig["stats"], per_layer=fig["per_layer"],
                   kernels_file="kernels.npz")
-    with report.naming(out / "kernels.npz"):
-        np.savez_compressed(out / "kernels.npz", **{f"{k}/{lab}/depth{d}": m.astype(np.float16)
+    with report.naming(out / "kernels.npz"), atomic_write(out / "kernels.npz") as f:   # all or the old file
+        np.savez_compressed(f, **{f"{k}/{lab}/depth{d}": m.astype(np.float16)
                                                     for k, v in fig["kinds"].items()
                                                     for lab, mats in v.items()
                                                     for d, m in zip(fig["depths"], mats)})
