@@ -115,6 +115,7 @@ def test_an_allowed_change_is_in_the_log_and_restarts_the_best_validation_loss(t
     assert train.main(common) == 0
     assert train.main(common + ["--init_from=resume", "--max_iters=4", "--batch_size=2"]) == 2
     assert "batch_size=2 (checkpoint: 4)" in capsys.readouterr().err
+    at_2 = (out / "ckpt.npz").read_bytes()
     assert train.main(common + ["--init_from=resume", "--max_iters=4", "--batch_size=2",
                                 "--allow_changed=batch_size"]) == 0
     captured = capsys.readouterr()
@@ -123,6 +124,13 @@ def test_an_allowed_change_is_in_the_log_and_restarts_the_best_validation_loss(t
     assert [r["iter"] for r in log] == [0, 1, 2, 2, 3, 4] and log[3] == dict(iter=2, changed_on_resume=dict(batch_size=[4, 2]))
     best = min(r["val_loss"] for r in log[4:] if "val_loss" in r)         # only the new evaluation set's
     assert f"(best {best:.4f})" in captured.out
+    # cut short before its next checkpoint (the checkpoint of iter 2 put back) and resumed with
+    # the same change again: the log notes it once
+    (out / "ckpt.npz").write_bytes(at_2)
+    assert train.main(common + ["--init_from=resume", "--max_iters=4", "--batch_size=2",
+                                "--allow_changed=batch_size"]) == 0
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["iter"] for r in log] == [0, 1, 2, 2, 3, 4] and log[3] == dict(iter=2, changed_on_resume=dict(batch_size=[4, 2]))
     assert set(EVALUATION) <= set(RESUME_KINDS["run"])
 
 

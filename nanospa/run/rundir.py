@@ -356,6 +356,16 @@ def heal_log(path, last_iter):
     return kept, notes
 
 
+def last_record(path):
+    """The last record of log.jsonl at path (a dict), or None when there is none."""
+    p = Path(path)
+    lines = p.read_bytes().rstrip(b"\n").rsplit(b"\n", 1) if p.exists() else [b""]
+    try:
+        return json.loads(lines[-1]) if lines[-1] else None
+    except ValueError:
+        return None
+
+
 def _finite(v):
     return None if isinstance(v, float) and not math.isfinite(v) else v
 

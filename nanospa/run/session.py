@@ -59,7 +59,7 @@ from ..config import GPTConfig
 from . import distributed
 from .checkpoint import (CheckpointError, NotFiniteError, check_same_data, data_identity, load_checkpoint, restore,
                          save_checkpoint, training_state)
-from .rundir import Abandoned, Interrupts, RunFiles, RunLock, check_run_dir, heal_log, held_files
+from .rundir import Abandoned, Interrupts, RunFiles, RunLock, check_run_dir, heal_log, held_files, last_record
 from .settings import EXIT_SIGNAL_BASE, SettingsError, parse_settings
 
 # What "diverged" and "good" mean (docs/running.md, "Exit status"). A model that guesses
@@ -327,8 +327,10 @@ class Session:
         if not self.ckpt:
             self.save(0, None)                        # every run that started can be resumed
         files.open()
-        if self.changed:                              # the log says where the run changed, and how
-            files.write(dict(iter=self.start, changed_on_resume={k: list(v) for k, v in self.changed.items()}))
+        if self.changed:                              # the log says where the run changed, and how, once:
+            note = dict(iter=self.start, changed_on_resume={k: list(v) for k, v in self.changed.items()})
+            if not world.is_main or last_record(files.log_path) != note:   # a resume cut short wrote it
+                files.write(note)
         return self.start, best_val, (self.start == 0 and kept == 0) or self.pending is not None
 
     def complete_pending(self, ev):
