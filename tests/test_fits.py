@@ -90,6 +90,16 @@ def test_kfacs_factors_lie_below_a_real_kfac_runs_peak():
     assert total(least_bytes(cfg, 4)) < total(parts) <= peak, (parts, peak)
 
 
+def test_kfacs_bound_counts_the_heads_factors_unless_tied():
+    """The head is a Linear (C in, V out) with factors C x C and V x V and their eigenvectors;
+    tied, it is the embedding's matrix: no factors, and V C parameters fewer."""
+    cfg = GPTConfig(vocab_size=50304, n_head=2, block_size=32, n_embd=64, n_layer=2)
+    tied = GPTConfig(vocab_size=50304, n_head=2, block_size=32, n_embd=64, n_layer=2, tie_embeddings=True)
+    kfac, kfac_tied = least_bytes(cfg, 4, kfac=True)["kfac"], least_bytes(tied, 4, kfac=True)["kfac"]
+    assert kfac - kfac_tied == 2 * (64 * 64 + 50304 * 50304) * 4        # 20 GB: refused on a small machine
+    assert least_bytes(cfg, 4)["weights"] - least_bytes(tied, 4)["weights"] == 3 * 50304 * 64 * 4
+
+
 @pytest.mark.parametrize("argv, part, lower", [
     (["--batch_size=1", "--grad_accum=100000000"], "batches", "batch_size, grad_accum, eval_iters or block_size"),
     (["--batch_size=1000000"], "activations", "batch_size or block_size"),

@@ -10,10 +10,12 @@ counts only what a step surely holds at once, so it refuses nothing that could r
 
     weights      every parameter 3 times, from the second step on: its value and AdamW's two
                  moments (K-FAC keeps the same Adam moments for what it does not precondition,
-                 and more); parameters: L (4 + 2 mlp_ratio) C^2 + 2 V C (embedding and head)
+                 and more); parameters: L (4 + 2 mlp_ratio) C^2 + 2 V C (embedding and head;
+                 V C tied)
     kfac         with K-FAC: each block's Linear layers' factors A (in x in) and G (out x out)
-                 and their eigenvectors, 2 (in^2 + out^2) each, from the first step on (the
-                 head, which a model may tie, not counted)
+                 and their eigenvectors, 2 (in^2 + out^2) each, from the first step on; the
+                 head's too (C and V: its V x V factor dominates at a large vocabulary) unless
+                 tied (then it is no Linear and K-FAC leaves it to Adam)
     batches      token ids (int64) held for the whole run: train.py's fixed evaluation batches
                  and a step's batch (`held_tokens`, counted by the caller)
     then the larger of
@@ -45,12 +47,14 @@ def least_bytes(cfg, batch, held_tokens=0, probe=None, kfac=False):
     from ..model import evaluation
     L, C, T, V, H, M = cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.vocab_size, cfg.n_head, cfg.mlp_ratio * cfg.n_embd
     size = 8 if cfg.dtype == "float64" else 4
-    params = L * (4 + 2 * cfg.mlp_ratio) * C * C + 2 * V * C
+    tied = cfg.tie_embeddings
+    params = L * (4 + 2 * cfg.mlp_ratio) * C * C + (1 if tied else 2) * V * C
     attention = L * batch * H * T * T if not getattr(evaluation(cfg), "by_blocks", False) else 0
     parts = dict(weights=3 * params * size, gradients=params * size,
                  activations=(2 * batch * T * V + L * batch * T * (1 + cfg.mlp_ratio) * C + attention) * size)
     if kfac:                                  # per block: q, k, v, proj (C x C), fc (C x M), proj (M x C)
-        parts["kfac"] = 2 * L * (4 * 2 * C * C + 2 * (C * C + M * M)) * size
+        head = 0 if tied else 2 * (C * C + V * V)
+        parts["kfac"] = (2 * L * (4 * 2 * C * C + 2 * (C * C + M * M)) + head) * size
     if held_tokens:
         parts["batches"] = 8 * held_tokens
     if probe:
