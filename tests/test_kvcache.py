@@ -12,9 +12,12 @@ scores, a trainable B_l), in float64 and float32:
 
 A variant that does not say on its own class that it is exact with the cache, or says why not
 (BatchNorm's causal running statistics, per position), runs the uncached loop: tested here,
-with the wrong answer the cache would give it. Planted mistakes (a bias row off by one, the
-embedding's position off by one, RoPE's keys rotated at position 0, D_l's row 0 for every step)
-each failed these tests before being reverted (2026-12-03).
+with the wrong answer the cache would give it. Planted mistakes, each reverted (2026-12-03):
+the fixed logits' rows 0.. for the new rows start.. (87 tests failed), D_l's rows 0.. (77), the
+causal mask aligned top-left (103), the embedding's position start - 1 (10), RoPE's new keys
+rotated at position 0 (6), RealFormer's scores not carried in the cached steps (6), kv_cache
+read through inheritance (1). (ALiBi's new row at position 0 fails nothing, rightly: -m (i - j)
+shifted by a constant per row leaves the softmax unchanged.)
 """
 import warnings
 
