@@ -79,7 +79,7 @@ def model_of(kw, dtype):
             m.running_var = m.running_var * np.exp(rng.standard_normal(m.running_var.shape)).astype(dtype)
         if hasattr(m, "steps_done"):
             for _ in range(2):
-                m.after_step()                                # PRepBN: lambda = 1/2, LN and BN mixed
+                m.after_step()                                # PRepBN: 0 < lambda < 1, LN and BN mixed
     return model
 
 
