@@ -20,6 +20,10 @@ With dropout p (training mode only; method §2.5) the embedding, each P and each
 output pass through nn.Dropout, nanoGPT's places; the model owns their masks' generator
 (dropout_masks, moved on by after_step).
 
+GPT.generate keeps each block's keys and values (KVCache) and runs each new token alone at its
+position, where every variant of the model states on its own class that this is exact
+(kv_cache = True; kv_cache_refusal), else it runs the whole window per token.
+
 A variant is one class in one registry, its forward beside what it is at initialisation
 (docs/adding_a_variant.md): ATTENTIONS (at_init: the matrix A_l a block applies), NORMS and
 RESIDUALS (at_init: their kernel maps), POSITIONS (at_init: the input kernel Sigma_0). The
@@ -200,11 +204,12 @@ class Attention(Module):
 class ValueSkipInit(Attention):
     """A = alpha I + beta P (method §4): alpha = 1 and beta = 0 at init, trainable (per layer,
     or per head with skipinit_per_head); at init the identity, whatever P is."""
+    kv_cache = True     # the new rows of I V are the new values v
+
     @staticmethod
     def words(cfg):
         return "the identity (alpha I + beta P with beta = 0; method §4)"
 
-    kv_cache = True     # the new rows of I V are the new values v
     def __init__(self, cfg, plan, layer, rng, evaluate=dense_attention):
         super().__init__(cfg, plan, layer, rng, evaluate)
         shape = (cfg.n_head, 1, 1) if cfg.skipinit_per_head else (1,)
@@ -228,12 +233,13 @@ class SPA(Attention):
     diag(D_l) softmax(B_l): the plan's matrix, exactly. B = tril(B_l) is a (T, T) buffer (a
     Parameter with train_bias) and D_l a (T,) buffer; where attention is evaluated by blocks
     (at long T), B_l stays as its O(T) parts and each block is made on the device on demand."""
+    kv_cache = True     # the new rows of B_l (dense_bias: sliced, or made from the O(T) parts) and of D_l
+
     @staticmethod
     def words(cfg):
         return {"uspa": "A_l = diag(D_l) softmax(B_l), the plan's U-SPA matrix (method §6, §8)",
                 "espa": "A_l = diag(D_l) softmax(B_l), the plan's E-SPA matrix (method §7, §8)"}[cfg.attention]
 
-    kv_cache = True     # the new rows of B_l (dense_bias: sliced, or made from the O(T) parts) and of D_l
     def __init__(self, cfg, plan, layer, rng, evaluate=dense_attention):
         parts, D = signal.layer_bias(plan, layer)                  # B_l's O(T) parts, and D_l
         super().__init__(cfg, plan, layer, rng, evaluate)
@@ -303,6 +309,7 @@ class Norm:
     """The paper's norms, LayerNorm and RMSNorm (nn.py): build(cfg) makes the layer; at_init,
     its kernel map, rescales every token to q = 1 (Sigma -> C; signal.maps.norm_kernel)."""
     kv_cache = True     # token by token: the new positions' rows alone
+
     @staticmethod
     def build(cfg):
         return (LayerNorm if cfg.norm == "layernorm" else RMSNorm)(cfg.n_embd, dtype=cfg.dtype)
@@ -321,6 +328,7 @@ class Residual:
     beta). at_init: the kernel a^2 Sigma_x + b^2 Sigma_h; branch_gain2 the kernel gain of a
     branch's weights (1; DeepNorm's beta^2 in beyond/)."""
     kv_cache = True     # token by token
+
     def __init__(self, cfg):
         self.a, self.b, self.branch_gain2 = signal.maps.residual_weights(cfg)
 
@@ -376,6 +384,7 @@ class Position:
     are extensions (beyond/positions.py) with hooks and logits at init of their own. embed's
     start: the position of x's first row (generation's cache feeds the new positions only)."""
     kv_cache = True     # rows start.. of wpe or pe
+
     def __init__(self, cfg, plan):
         self.cfg, self.plan = cfg, plan
 
