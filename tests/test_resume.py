@@ -33,6 +33,7 @@ OTHER = dict(
     prepbn_eta=0.5, norm_position="post", final_norm="yes", pos="learned", dtype="float64",
     kernel_budget="independent", gamma_final=0.5, rho_final=0.7, final_corr=0.3, zeta=1.6, eta=0.5, tau=0.2,
     shaping_depth=4, train_bias=True, zero_query=True, skipinit_per_head=True, bias=True, residual_attention=True,
+    tie_embeddings=True,
 )
 CONTEXT = dict(norm_causal=["--norm=batchnorm", "--residual=standard"])   # valid only beside these
 SAME_MEANING = dict(attention="espa", norm_position="pre", final_norm="no")   # what 'auto' is for this model
