@@ -140,6 +140,14 @@ def test_cached_generate_gives_the_uncached_tokens(name, kw, dtype):
         assert w_got == ([5, 1, 1, 1] + [8] * 8 if cached else w_plain)   # a window's prefill once full
 
 
+def test_a_prompt_longer_than_the_window_is_cropped_as_without_the_cache():
+    model = model_of(dict(pos="learned"), "float64")
+    prompt = np.random.default_rng(2).integers(0, 13, (1, 11))
+    got, w = widths(model, prompt, 3, 1.0, rng=np.random.default_rng(7))
+    assert w == [8, 8, 8]                                     # each token a moved window's prefill
+    np.testing.assert_array_equal(got, model.generate(prompt, 3, 1.0, rng=np.random.default_rng(7), cache=False))
+
+
 def test_every_registered_value_is_cached_except_causal_batch_statistics():
     """Which variants run uncached, and why: nothing else falls back."""
     refused = {name: kv_cache_refusal(tiny_config(**kw)) for name, kw in settings()}
