@@ -6,8 +6,10 @@ Reads out_dir/ckpt.npz (train.py's), rebuilds the model from the checkpoint's ow
 configuration and weights, and continues the prompt num_samples times with the checkpoint's
 own tokenizer (bytes, or the byte-level BPE of its corpus, read from the data cache; refused
 when the corpus or the tokenizer is no longer the one the checkpoint records). The prompt is
-text, or @FILE for a file's text. Exit status: 0 done; 2 with one error: line for a bad
-setting or a missing, partial, non-finite or foreign checkpoint (nothing is trained or written).
+text, or @FILE for a file's text. Each layer's keys and values are kept between tokens
+(--kv_cache, GPT.generate: the same tokens as without). Exit status: 0 done; 2 with one
+error: line for a bad setting or a missing, partial, non-finite or foreign checkpoint
+(nothing is trained or written).
 """
 import os
 import sys
@@ -17,7 +19,7 @@ import numpy as np
 from data import decode, encode, encode_prompt, load_dataset
 from nanospa import backend
 from nanospa.config import GPTConfig
-from nanospa.model import GPT
+from nanospa.model import GPT, kv_cache_refusal
 from nanospa.run.checkpoint import (CheckpointError, data_identity, describe_data, different_data, load_checkpoint,
                                     non_finite_arrays)
 from nanospa.run.rundir import CKPT_FILE
@@ -32,6 +34,7 @@ DEFAULTS = dict(
     top_k=40,                  # sample among the k most likely tokens; 0 = all
     seed=0,                    # seeds the samples
     device="cpu",              # cpu | cuda (needs CuPy and a GPU)
+    kv_cache=True,             # keep each layer's keys and values between tokens: the same tokens, faster
 )
 
 
@@ -106,9 +109,12 @@ def sample(s):
     rng = np.random.default_rng(s["seed"])
     print(f"{path}: iter {ckpt['state']['iter']}, {model.num_params():,} parameters, {cfg.attention} attention; "
           f"prompt of {idx.size} tokens")
+    why = kv_cache_refusal(cfg)
+    if s["kv_cache"] and why:
+        print(f"note: sampling without the KV cache, a window's forward per token ({why})", file=sys.stderr)
     for i in range(s["num_samples"]):
         out = model.generate(idx[None, :], s["max_new_tokens"], temperature=s["temperature"],
-                             top_k=s["top_k"] or None, rng=rng)
+                             top_k=s["top_k"] or None, rng=rng, cache=s["kv_cache"])
         print(f"--- sample {i + 1}\n{dec(out[0])}")
     return 0
 

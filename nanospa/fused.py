@@ -23,18 +23,22 @@ RMS_NORM_EPS = 1e-6    # added to the mean square, likewise
 _MASKS = {}
 
 
-def causal_mask(xp, T, dtype):
-    """Additive (T, T) mask: 0 on and below the diagonal, -inf above it (the entries a causal
-    row cannot see). Cached per module, length and dtype: every layer asks for the same one."""
-    key = (xp, T, xp.dtype(dtype).str)
+def causal_mask(xp, T, dtype, S=None):
+    """Additive (T, S) mask of T queries at the last T of S positions (S = T: the square): 0
+    where key j <= the query's position S - T + i, -inf after it (the entries a causal row
+    cannot see; generation's cache asks for its new rows only). Cached per module, shape and
+    dtype: every layer asks for the same one."""
+    S = T if S is None else S
+    key = (xp, T, S, xp.dtype(dtype).str)
     if key not in _MASKS:
-        _MASKS[key] = xp.triu(xp.full((T, T), -math.inf, dtype=dtype), k=1)
+        _MASKS[key] = xp.triu(xp.full((T, S), -math.inf, dtype=dtype), k=S - T + 1)
     return _MASKS[key]
 
 
 class Softmax(Function):
     """y = softmax(scale * x + bias) along ``axis``; with ``causal=True`` (last two axes
-    (T, T)) entries above the diagonal get probability 0. The bias is optional and
+    (T, S), queries at the last T of S positions: causal_mask) entries above the diagonal get
+    probability 0. The bias is optional and
     broadcasts (SPA's (T, T) matrix B_l; the mask is added here when causal).
     Backward: gz = y (g - sum(g y)), gx = scale gz, gbias = gz (summed by unbroadcast).
     The elementwise steps run in place on one (..., T, T) buffer: memory, not arithmetic,
@@ -44,7 +48,7 @@ class Softmax(Function):
         xp = ctx.xp
         bias = bias[0] if bias else None
         if causal:
-            mask = causal_mask(xp, x.shape[-1], x.dtype)
+            mask = causal_mask(xp, x.shape[-2], x.dtype, x.shape[-1])
             bias = mask if bias is None else bias + mask
         z = xp.multiply(x, scale, dtype=x.dtype)                # z = scale x (+ bias), a new array
         if bias is not None:

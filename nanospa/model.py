@@ -20,6 +20,10 @@ With dropout p (training mode only; method §2.5) the embedding, each P and each
 output pass through nn.Dropout, nanoGPT's places; the model owns their masks' generator
 (dropout_masks, moved on by after_step).
 
+GPT.generate keeps each block's keys and values (KVCache) and runs each new token alone at its
+position, where every variant of the model states on its own class that this is exact
+(kv_cache = True; kv_cache_refusal), else it runs the whole window per token.
+
 A variant is one class in one registry, its forward beside what it is at initialisation
 (docs/adding_a_variant.md): ATTENTIONS (at_init: the matrix A_l a block applies), NORMS and
 RESIDUALS (at_init: their kernel maps), POSITIONS (at_init: the input kernel Sigma_0). The
@@ -88,18 +92,26 @@ def dense_attention(q, k, v, scale, bias, carry=None, drop=None):
     """softmax(scale Q K^T + bias + causal mask) V with the whole (B, H, T, T) matrix P ->
     (y, P). bias: (stored, blocks), a stored (T_max, T_max) B (an array, or a Parameter) and a
     function (i0, i1, j0, j1, dtype) -> a block of fixed logits made on demand; either None.
-    drop: the attention's nn.Dropout on P (identity outside training), or None."""
-    P = fused.softmax(q @ k.transpose(0, 1, 3, 2), dense_bias(bias, q.shape[-2], q.dtype), scale=scale,
-                      causal=True)                                 # (B, H, T, T)
-    return (P if drop is None else drop(P)) @ v, P                 # (B, H, T, hs)
+    drop: the attention's nn.Dropout on P (identity outside training), or None. With fewer
+    queries than keys (generation's cache: n new rows, (B, H, n, hs), against the T keys and
+    values kept) the queries are the last n positions, and P is their (B, H, n, T) rows."""
+    T = k.shape[-2]
+    P = fused.softmax(q @ k.transpose(0, 1, 3, 2), dense_bias(bias, T, q.dtype, q.shape[-2]), scale=scale,
+                      causal=True)                                 # (B, H, n, T)
+    return (P if drop is None else drop(P)) @ v, P                 # (B, H, n, hs)
 
 
-def dense_bias(bias, T, dtype):
-    """The (T, T) (or per head (H, T, T)) logits of bias = (stored, blocks), or None."""
+dense_attention.kv_cache = True     # generate's cache: the new rows of P, exactly (kv_cache_refusal)
+
+
+def dense_bias(bias, T, dtype, n=None):
+    """The fixed logits of bias = (stored, blocks) for the last n (default all T) query
+    positions of T over keys 0..T-1, (n, T) or per head (H, n, T); or None."""
+    n = T if n is None else n
     stored, blocks = bias
-    b = None if stored is None else stored[:T, :T]
+    b = None if stored is None else stored[T - n:T, :T]
     if blocks is not None:
-        made = Tensor(blocks(0, T, 0, T, dtype))
+        made = Tensor(blocks(T - n, T, 0, T, dtype))
         b = made if b is None else b + made
     return b
 
@@ -110,12 +122,22 @@ class Attention(Module):
     (method §3.4); with random W^Q, W^K the predictions use the softmax mean field.
 
     The other kinds subclass it, each changing what it says it changes: logit_bias(T) (the
-    fixed logits), output(y, v) (from P V to the sublayer's output), effective(P) (the matrix
-    that multiplies the values, for model.trace) and at_init (that matrix at initialisation,
-    float64, or None for the mean field; `bias` there: a position scheme's fixed logits).
-    Its hooks (attach) are extensions acting on the queries, keys and logits (nanospa/beyond/:
-    RoPE, ALiBi, E-SPA's prior, nGPT's unit q and k), `evaluate` how the softmax is computed
-    (dense_attention, or by blocks at long T); the paper's variants have no hooks."""
+    fixed logits), output(y, v, start) (from P V to the sublayer's output), effective(P) (the
+    matrix that multiplies the values, for model.trace) and at_init (that matrix at
+    initialisation, float64, or None for the mean field; `bias` there: a position scheme's
+    fixed logits). Its hooks (attach) are extensions acting on the queries, keys and logits
+    (nanospa/beyond/: RoPE, ALiBi, E-SPA's prior, nGPT's unit q and k), `evaluate` how the
+    softmax is computed (dense_attention, or by blocks at long T); the paper's variants have
+    no hooks.
+
+    With a KVCache (GPT.generate) forward takes the new positions only, start.. (start: the
+    positions the cache holds): their queries, keys and values, the keys rotated or normalised
+    by the hooks at their own positions, join the cache's, and the new rows of P come from the
+    new queries against every key kept; the fixed logits are the rows start.. of the full
+    bias (dense_bias), output scales by the rows start.. of D_l. kv_cache = True says a kind
+    computes exactly that (kv_cache_refusal)."""
+    kv_cache = True     # the new rows of softmax(scale Q K^T + mask) V, from the keys and values kept
+
     @staticmethod
     def words(cfg):
         """What the kind is at init, in words (python -m nanospa.signal prints it)."""
@@ -144,19 +166,21 @@ class Attention(Module):
             hook.attach(self)
             self.hooks.append(hook)
 
-    def forward(self, x, record=None, carry=None):
+    def forward(self, x, record=None, carry=None, cache=None):
         B, T, C = x.shape
         H, hs = self.n_head, C // self.n_head
+        start = 0 if cache is None else cache.length             # the position of x's first row
         q = self.q(x).reshape(B, T, H, hs).transpose(0, 2, 1, 3)  # (B, T, C) -> (B, H, T, hs)
         k = self.k(x).reshape(B, T, H, hs).transpose(0, 2, 1, 3)
         v = self.v(x).reshape(B, T, H, hs).transpose(0, 2, 1, 3)
         scale, bias = 1.0 / math.sqrt(hs), self.logit_bias()
         for hook in self.hooks:                                  # extensions only
-            q, k, scale, bias = hook.logits(q, k, scale, bias)
-        by_blocks = getattr(self.evaluate, "by_blocks", False)   # no (T, T) P to record: trace densely
-        evaluate = dense_attention if record is not None and by_blocks else self.evaluate
-        y, P = evaluate(q, k, v, scale, bias, carry, self.attn_drop)
-        y = self.output(y, v)                                    # (B, H, T, hs)
+            q, k, scale, bias = hook.logits(q, k, scale, bias, start)
+        keys, values = (k, v) if cache is None else cache.append(k, v)   # (B, H, start + T, hs)
+        by_blocks = getattr(self.evaluate, "by_blocks", False)   # no (T, T) P to record, or new rows
+        evaluate = dense_attention if (record is not None or start) and by_blocks else self.evaluate
+        y, P = evaluate(q, keys, values, scale, bias, carry, self.attn_drop)
+        y = self.output(y, v, start)                             # (B, H, T, hs)
         if record is not None:
             record["attention"] = self.effective(P.data)         # P undropped
         return self.resid_drop(self.proj(y.transpose(0, 2, 1, 3).reshape(B, T, C)))   # (B, H, T, hs) -> (B, T, C)
@@ -164,7 +188,7 @@ class Attention(Module):
     def logit_bias(self):
         return None, None
 
-    def output(self, y, v):
+    def output(self, y, v, start=0):
         return y
 
     def effective(self, P):
@@ -180,6 +204,8 @@ class Attention(Module):
 class ValueSkipInit(Attention):
     """A = alpha I + beta P (method §4): alpha = 1 and beta = 0 at init, trainable (per layer,
     or per head with skipinit_per_head); at init the identity, whatever P is."""
+    kv_cache = True     # the new rows of I V are the new values v
+
     @staticmethod
     def words(cfg):
         return "the identity (alpha I + beta P with beta = 0; method §4)"
@@ -190,7 +216,7 @@ class ValueSkipInit(Attention):
         self.alpha = Parameter(np.ones(shape), no_decay=True, dtype=cfg.dtype)
         self.beta = Parameter(np.zeros(shape), no_decay=True, dtype=cfg.dtype)
 
-    def output(self, y, v):
+    def output(self, y, v, start=0):
         return v * self.alpha + y * self.beta                    # (alpha I + beta P) V
 
     def effective(self, P):
@@ -207,6 +233,8 @@ class SPA(Attention):
     diag(D_l) softmax(B_l): the plan's matrix, exactly. B = tril(B_l) is a (T, T) buffer (a
     Parameter with train_bias) and D_l a (T,) buffer; where attention is evaluated by blocks
     (at long T), B_l stays as its O(T) parts and each block is made on the device on demand."""
+    kv_cache = True     # the new rows of B_l (dense_bias: sliced, or made from the O(T) parts) and of D_l
+
     @staticmethod
     def words(cfg):
         return {"uspa": "A_l = diag(D_l) softmax(B_l), the plan's U-SPA matrix (method §6, §8)",
@@ -231,8 +259,8 @@ class SPA(Attention):
         xp = backend.xp_of(self.D)                               # the parts are where D_l is
         return None, lambda i0, i1, j0, j1, dtype: signal.bias_block(self.parts, i0, i1, j0, j1, dtype, xp=xp)
 
-    def output(self, y, v):
-        return signal.rescale(y, self.D)                           # row i scaled by D_l[i]
+    def output(self, y, v, start=0):
+        return signal.rescale(y, self.D[start:])                   # row i scaled by D_l[start + i]
 
     def effective(self, P):
         return signal.rescale(P, self.D)
@@ -280,6 +308,7 @@ class MLP(Module):
 class Norm:
     """The paper's norms, LayerNorm and RMSNorm (nn.py): build(cfg) makes the layer; at_init,
     its kernel map, rescales every token to q = 1 (Sigma -> C; signal.maps.norm_kernel)."""
+    kv_cache = True     # token by token: the new positions' rows alone
 
     @staticmethod
     def build(cfg):
@@ -298,6 +327,7 @@ class Residual:
     signal.maps.residual_weights: none (0, 1), standard (1, 1), normalised (sqrt(1 - beta^2),
     beta). at_init: the kernel a^2 Sigma_x + b^2 Sigma_h; branch_gain2 the kernel gain of a
     branch's weights (1; DeepNorm's beta^2 in beyond/)."""
+    kv_cache = True     # token by token
 
     def __init__(self, cfg):
         self.a, self.b, self.branch_gain2 = signal.maps.residual_weights(cfg)
@@ -339,8 +369,8 @@ class Block(Module):
         h = self.residual(x, h)
         return norm(h) if norm is not None and self.post else h
 
-    def forward(self, x, record=None, carry=None):
-        x = self.sublayer(x, lambda u: self.attn(u, record, carry), self.norm1, record, "attn_out")
+    def forward(self, x, record=None, carry=None, cache=None):
+        x = self.sublayer(x, lambda u: self.attn(u, record, carry, cache), self.norm1, record, "attn_out")
         return self.sublayer(x, self.mlp, self.norm2)
 
 
@@ -351,7 +381,9 @@ class Position:
     variance POS_VARIANCE) or sinusoidal (a fixed buffer pe of that variance). build adds them
     to the model; at_init is the input kernel Sigma_0 of T distinct tokens
     (signal.input_kernel). Schemes acting on the logits instead (ALiBi, RoPE, E-SPA's prior)
-    are extensions (beyond/positions.py) with hooks and logits at init of their own."""
+    are extensions (beyond/positions.py) with hooks and logits at init of their own. embed's
+    start: the position of x's first row (generation's cache feeds the new positions only)."""
+    kv_cache = True     # rows start.. of wpe or pe
 
     def __init__(self, cfg, plan):
         self.cfg, self.plan = cfg, plan
@@ -364,10 +396,10 @@ class Position:
         elif cfg.pos == "sinusoidal":
             model.register_buffer("pe", weight(signal.sinusoidal_encoding(cfg.block_size, cfg.n_embd), cfg.dtype))
 
-    def embed(self, model, x, T):
+    def embed(self, model, x, T, start=0):
         if self.cfg.pos == "learned":
-            return x + model.wpe.weight[:T]                  # + (T, C): rows 0..T-1, no index array
-        return x + Tensor(model.pe[:T]) if self.cfg.pos == "sinusoidal" else x
+            return x + model.wpe.weight[start:start + T]     # + (T, C): rows start.., no index array
+        return x + Tensor(model.pe[start:start + T]) if self.cfg.pos == "sinusoidal" else x
 
     def hooks(self, layer):
         """What the scheme does to block `layer`'s logits: nothing, for positions added."""
@@ -416,6 +448,55 @@ def evaluation(cfg):
     return importlib.import_module("nanospa.beyond").evaluation(cfg)
 
 
+# ----------------------------------------------------------------------------- generation's cache
+
+class KVCache:
+    """One block's keys and values of the positions seen so far (GPT.generate): buffers (B, H,
+    block_size, hs) of the model's dtype and device whose first `length` rows are filled, the
+    keys after the hooks (RoPE's rotation at their own positions, nGPT's unit k). The next
+    position the block sees is `length`."""
+
+    def __init__(self, size):
+        self.size, self.length, self.k, self.v = size, 0, None, None
+
+    def append(self, k, v):
+        """Keep the new positions' keys and values (Tensors (B, H, n, hs)) -> Tensors of all
+        those kept, (B, H, length, hs) (views of the buffers, no copy)."""
+        t, n = self.length, k.shape[-2]
+        if t + n > self.size:
+            raise ValueError(f"KVCache: {t} positions kept and {n} new exceed block_size {self.size}")
+        if self.k is None:
+            shape = k.shape[:-2] + (self.size, k.shape[-1])
+            xp = backend.xp_of(k.data)
+            self.k, self.v = xp.empty(shape, dtype=k.dtype), xp.empty(shape, dtype=v.dtype)
+        self.k[..., t:t + n, :] = k.data
+        self.v[..., t:t + n, :] = v.data
+        self.length = t + n
+        return Tensor(self.k[..., :t + n, :]), Tensor(self.v[..., :t + n, :])
+
+
+def kv_cache_refusal(cfg):
+    """Why GPT.generate runs cfg's model without a KV cache (a sentence), or None when it keeps
+    one. Each variant cfg names (attention kind, position scheme, residual, norm; an extension's
+    class too) and the attention's evaluation (model.evaluation) must state on itself, not by
+    inheritance (a subclass changes what it computes), kv_cache = True, or a function of cfg
+    returning True: that its forward on the new positions alone, with a KVCache, gives the full
+    forward's rows of them. A variant that states nothing, or a reason instead, is not cached."""
+    parts = [(f"{field}={getattr(cfg, field)!r}", variant(field, getattr(cfg, field))) for field in REGISTRIES]
+    parts.append((f"its attention evaluation (attention_impl={cfg.attention_impl!r}, residual_attention="
+                  f"{cfg.residual_attention})", evaluation(cfg)))
+    for name, part in parts:
+        if part is None:                                   # norm="none": nothing there
+            continue
+        own = vars(part) if isinstance(part, type) else getattr(part, "__dict__", {})
+        said = getattr(part, "kv_cache") if "kv_cache" in own else None
+        said = said(cfg) if callable(said) else said
+        if said is not True:
+            return f"{name}: " + (said if isinstance(said, str) else "it does not say that it is exact with a "
+                                  "KV cache (kv_cache = True on its own class: model.kv_cache_refusal)")
+    return None
+
+
 # ----------------------------------------------------------------------------- the model
 
 class Trace:
@@ -461,22 +542,26 @@ class GPT(Module):
         """The MLPs' shaped activation (shared by every block)."""
         return self.blocks[0].mlp.act
 
-    def embed(self, idx):
-        """The first block's input: token embeddings plus the positions (B, T) -> (B, T, C)."""
+    def embed(self, idx, start=0):
+        """The first block's input: token embeddings plus the positions start.. (B, T) -> (B, T, C)."""
         T = idx.shape[1]
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        return self.position.embed(self, self.wte(idx), T)
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
+        return self.position.embed(self, self.wte(idx), T, start)
 
-    def forward(self, idx, targets=None, record=None):
+    def forward(self, idx, targets=None, record=None, cache=None):
+        """Logits (B, T, V) of idx (B, T), and the loss with targets. cache: a list of one
+        KVCache per block (generate's), holding `length` positions: idx are then the next
+        positions (length..), and the logits theirs, computed against the keys and values kept."""
         idx, targets = _token_ids(idx, targets, self.config.vocab_size)   # on the model's device
-        x = self.drop(self.embed(idx))                      # (B, T) -> (B, T, C)
+        start = 0 if cache is None else cache[0].length    # the position of idx's first token
+        x = self.drop(self.embed(idx, start))               # (B, T) -> (B, T, C)
         if record is not None:
             record.hidden.append(backend.to_numpy(x.data))
         carry = {}                                          # what one block hands the next (RealFormer)
-        for block in self.blocks:
+        for l, block in enumerate(self.blocks):
             layer = {} if record is not None else None
-            x = block(x, layer, carry)
+            x = block(x, layer, carry, None if cache is None else cache[l])
             if record is not None:
                 record.hidden.append(backend.to_numpy(x.data))
                 record.attn_out.append(backend.to_numpy(layer["attn_out"]))
@@ -499,22 +584,42 @@ class GPT(Module):
             self.forward(idx, record=tr)
         return tr
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, rng=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, rng=None, cache=True):
         """Sample ``max_new_tokens`` continuations of idx (B, T) with the last block_size tokens
         as context, in evaluation mode (the mode before is restored). Returns a host int64
-        array (B, T + max_new_tokens)."""
+        array (B, T + max_new_tokens).
+
+        cache=True keeps each block's keys and values (KVCache) where every variant of the
+        model says it is exact (kv_cache_refusal): the context's last block_size tokens run
+        once (the prefill), then each new token runs alone at its position against the keys
+        and values kept, O(t) work at position t instead of a whole window's forward. Once the
+        context passes block_size the window moves and every position changes, so the moved
+        window runs again from an empty cache, as in the uncached loop: from then on each token
+        costs one window's forward either way (O(n) only within the window). The tokens are the
+        uncached loop's, the logits equal to rounding (tests/test_kvcache.py). cache=False, or
+        a model kv_cache_refusal refuses, runs the uncached loop: a window's forward per token."""
         if not (isinstance(max_new_tokens, (int, np.integer)) and max_new_tokens >= 0):
             raise ValueError(f"generate: max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         if not (math.isfinite(temperature) and temperature >= 0):
             raise ValueError(f"generate: temperature must be finite and >= 0, got {temperature!r}")
         if top_k is not None and not (isinstance(top_k, (int, np.integer)) and top_k >= 1):
             raise ValueError(f"generate: top_k must be None or an integer >= 1, got {top_k!r}")
+        if not isinstance(cache, (bool, np.bool_)):
+            raise ValueError(f"generate: cache must be True or False, got {cache!r}")
         rng = rng if rng is not None else np.random.default_rng(0)
         idx = _as_index(idx, "generate: idx", self.config.vocab_size)   # forward's checks: no silent int cast
         out = np.asarray(backend.to_numpy(idx), dtype=np.int64)
+        T, kept = self.config.block_size, None
+        cached = cache and kv_cache_refusal(self.config) is None
         with no_grad(), self.evaluating():                  # BatchNorm, PRepBN: running statistics
             for _ in range(max_new_tokens):
-                logits, _ = self(out[:, -self.config.block_size:])
+                if not cached:
+                    logits, _ = self(out[:, -T:])
+                elif kept is not None and kept[0].length < T:     # the next position of the window
+                    logits, _ = self(out[:, -1:], cache=kept)
+                else:                                              # the prompt, or the window moved
+                    kept = [KVCache(T) for _ in self.blocks]
+                    logits, _ = self(out[:, -T:], cache=kept)
                 z = backend.to_numpy(logits.data[:, -1, :]).astype(np.float64) / max(temperature, MIN_TEMPERATURE)
                 if top_k is not None:
                     kth = np.sort(z, axis=-1)[:, -min(top_k, z.shape[-1])][:, None]

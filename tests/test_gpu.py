@@ -151,8 +151,8 @@ def test_a_planted_gpu_mistake_fails_at_its_line(gpu, monkeypatch, kind):
     stand-in at the line that makes it (a CPU run would pass)."""
     real = Block.forward
 
-    def planted(self, x, record=None, carry=None):
-        y = real(self, x, record, carry)
+    def planted(self, x, record=None, carry=None, cache=None):
+        y = real(self, x, record, carry, cache)
         if kind == "host_conversion":
             np.asarray(y.data).mean()                                    # planted: host_conversion
         elif kind == "host_operand":
@@ -174,8 +174,8 @@ def test_a_planted_read_per_layer_shows_at_its_line(gpu, monkeypatch):
     real = Block.forward
     line = traceback.extract_stack(limit=1)[0].lineno
 
-    def planted(self, x, record=None, carry=None):
-        y = real(self, x, record, carry)
+    def planted(self, x, record=None, carry=None, cache=None):
+        y = real(self, x, record, carry, cache)
         float(y.data.std())                  # line + 4: a sync per block
         return y
     monkeypatch.setattr(Block, "forward", planted)

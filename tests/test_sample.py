@@ -55,6 +55,25 @@ def test_temperature_zero_is_the_models_own_greedy_continuation(run_dir, capsys,
     assert got[0].split("\n", 1)[1].rstrip("\n") == sample.decode(out[0])
 
 
+def test_the_kv_cache_changes_no_sample(run_dir, capsys):
+    """--kv_cache=False (the window's whole forward per token) samples the same text."""
+    args = ("--start=To be", "--num_samples=2", "--max_new_tokens=40", "--seed=3")
+    assert samples(run_dir, capsys, *args) == samples(run_dir, capsys, *args, "--kv_cache=False")
+
+
+def test_a_model_the_cache_cannot_run_is_sampled_without_it_and_says_so(tmp_path, text_file, capsys):
+    out = tmp_path / "bn"
+    assert train.main(TINY + [f"--data={text_file}", f"--out_dir={out}", "--max_iters=2", "--sample_tokens=0",
+                              "--residual=standard", "--norm=batchnorm", "--norm_causal=True"]) == 0
+    capsys.readouterr()
+    assert sample.main([f"--out_dir={out}", "--num_samples=1", "--max_new_tokens=5"]) == 0
+    out_err = capsys.readouterr()
+    assert out_err.out.count("--- sample") == 1
+    assert "note: sampling without the KV cache" in out_err.err and "norm_causal=True" in out_err.err
+    assert sample.main([f"--out_dir={out}", "--num_samples=1", "--max_new_tokens=5", "--kv_cache=False"]) == 0
+    assert "KV cache" not in capsys.readouterr().err
+
+
 def test_a_prompt_from_a_file(run_dir, capsys, tmp_path):
     (tmp_path / "prompt.txt").write_text("Whence is that knocking?", encoding="utf-8")
     got = samples(run_dir, capsys, f"--start=@{tmp_path / 'prompt.txt'}", "--num_samples=1", "--max_new_tokens=5")

@@ -96,7 +96,7 @@ class Shaped(Attention):
         self.register_buffer("C", signal.uniform_causal_attention(T))
         self.alpha, self.beta = 1.0, 0.5
 
-    def output(self, y, v):
+    def output(self, y, v, start=0):
         from nanospa.tensor import Tensor
         T = v.shape[-2]
         Cv = Tensor(self.C[:T, :T]) @ v
@@ -141,7 +141,7 @@ def test_each_omission_of_a_half_added_variant_fails(monkeypatch, omission):
             "no_map_at_init": _without("at_init"),                      # predict falls back to softmax's
             "no_effective_matrix": _without("effective"),               # the trace reports P
             # written whole, but the forward falls back to softmax's: only the measurement sees it
-            "forward_falls_back": type("FallsBack", (Shaped,), {"output": lambda self, y, v: y})}[omission]
+            "forward_falls_back": type("FallsBack", (Shaped,), {"output": lambda self, y, v, start=0: y})}[omission]
     _register(monkeypatch, half)
     if omission != "forward_falls_back":
         with pytest.raises(ValueError, match="half"):

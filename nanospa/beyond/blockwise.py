@@ -71,6 +71,7 @@ def evaluation(cfg):
         return causal_attention(q, k, v, scale, block, trained, fixed), None
 
     evaluate.by_blocks = True
+    evaluate.kv_cache = True    # generate's new rows: model.Attention evaluates them densely, one row of P
     return evaluate
 
 

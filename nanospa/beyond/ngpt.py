@@ -84,7 +84,7 @@ class QKNormHook:
     def attach(self, attn):
         attn.qk_norm = self.module = QKNorm(self.cfg)
 
-    def logits(self, q, k, scale, bias):
+    def logits(self, q, k, scale, bias, start=0):
         return self.module(q), self.module(k), self.module.scale(q.shape[-1]), bias
 
 
@@ -148,8 +148,8 @@ class Block(Module):
         self.alpha_mlp = Scaled((C,), "alpha", C, dt)
         self.after_step()
 
-    def forward(self, x, record=None, carry=None):
-        h = self.attn(x, record, carry)                 # (B, T, C), before normalisation
+    def forward(self, x, record=None, carry=None, cache=None):
+        h = self.attn(x, record, carry, cache)          # (B, T, C), before normalisation
         if record is not None:
             record["attn_out"] = h.data
         x = update(x, h, self.alpha_attn())
@@ -197,6 +197,7 @@ class Head(Module):
 class NGPT:
     """residual="ngpt" (beyond.EXTENSIONS): the parts model.GPT takes from it (embedding,
     block, head) and its walk at init for nanospa/predict.py (maps)."""
+    kv_cache = True     # unit rows and per-token updates: the new positions alone, with the keys kept
 
     def __init__(self, cfg):
         self.branch_gain2 = 1.0

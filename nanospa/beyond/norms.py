@@ -258,12 +258,16 @@ def check_config(cfg):
 # maps in signal/beyond/norm_maps.py).
 
 class DyTNorm(Norm):
+    kv_cache = True     # token by token
+
     @staticmethod
     def build(cfg):
         return DyT(cfg.n_embd, alpha=DYT_ALPHA, dtype=cfg.dtype)
 
 
 class GroupNorms(Norm):
+    kv_cache = True     # token by token
+
     @staticmethod
     def build(cfg):
         return GroupNorm(cfg.n_embd, cfg.norm_groups, dtype=cfg.dtype)
@@ -271,6 +275,15 @@ class GroupNorms(Norm):
 
 class BatchNorms(Norm):
     """norm="batchnorm" and "prepbn"."""
+
+    @staticmethod
+    def kv_cache(cfg):
+        """generate's cache: token by token with running statistics over all positions; with
+        norm_causal they are per position (running_mean row t), which the norm, called on the
+        new rows alone, cannot tell."""
+        return True if not cfg.norm_causal else (
+            f"norm={cfg.norm!r} with norm_causal=True normalises position t by its own running statistics, "
+            "and a norm called on the new positions alone does not know t")
 
     @staticmethod
     def build(cfg):

@@ -37,7 +37,7 @@ class LogitPosition(Position):
     def build(self, model, rng):
         pass
 
-    def embed(self, model, x, T):
+    def embed(self, model, x, T, start=0):
         return x
 
     @staticmethod
@@ -93,6 +93,7 @@ class RoPE(LogitPosition):
     """pos="rope": every block's queries and keys rotated by position (RopeHook); at init the
     softmax mean field's logits rotate too (signal.softmax_attention_map's rope), and with
     W^Q = 0 RoPE changes nothing."""
+    kv_cache = True     # the new queries and keys rotated at their own positions (RopeHook's start)
 
     def build(self, model, rng):
         cfg = self.cfg   # (cos, sin) (block_size, D/2), shared by every layer and model of the same shape
@@ -113,13 +114,16 @@ class RopeHook:
     def attach(self, attn):
         pass
 
-    def logits(self, q, k, scale, bias):
-        return rope(q, self.cos, self.sin), rope(k, self.cos, self.sin), scale, bias
+    def logits(self, q, k, scale, bias, start=0):
+        """q, k (B, H, T, D) of positions start.. rotated at those positions."""
+        cos, sin = self.cos[start:], self.sin[start:]
+        return rope(q, cos, sin), rope(k, cos, sin), scale, bias
 
 
 class ALiBi(LogitPosition):
     """pos="alibi": -m_h (i - j) added to head h's scaled logits (AlibiHook; with the slopes on
     the model's device, each block of the bias made there), nothing added to the embedding."""
+    kv_cache = True     # the new rows of -m_h (i - j), made for them (model.dense_bias)
 
     def build(self, model, rng):
         self.slopes = backend.asarray(signal_alibi_slopes(self.cfg.n_head))   # (H,) float64
@@ -142,7 +146,7 @@ class AlibiHook:
     def attach(self, attn):
         pass
 
-    def logits(self, q, k, scale, bias):
+    def logits(self, q, k, scale, bias, start=0):
         return q, k, scale, self.bias(bias)
 
     def bias(self, bias):
@@ -161,6 +165,7 @@ class SPAPrior(LogitPosition):
     """pos="spa_prior" (softmax or Value-SkipInit attention): E-SPA's B_l of the model
     positions.spa_prior_config describes added to every block's logits (PriorHook), without
     its D_l; the plan's prior (signal.make_plan) holds that model's plan."""
+    kv_cache = True     # the new rows of the prior's B_l, as SPA's (model.dense_bias)
 
     def hooks(self, layer):
         return [PriorHook(self.cfg, self.plan.prior, layer)]
@@ -188,7 +193,7 @@ class PriorHook:
         else:
             attn.register_buffer("B", backend.asarray(np.tril(bias_block(parts, 0, T, 0, T)), dtype=cfg.dtype))
 
-    def logits(self, q, k, scale, bias):
+    def logits(self, q, k, scale, bias, start=0):
         return q, k, scale, self.bias(bias)
 
     def bias(self, bias):

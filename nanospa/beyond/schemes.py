@@ -30,6 +30,7 @@ class DeepNorm(Residual):
     """DeepNet's residual (Wang et al. 2022, decoder-only constants): x' = alpha x + f(x) before
     the post-norm, and the block's W^V, W^O, W_1, W_2 times beta = (8N)^(-1/4) after the block
     drew them (so every random draw is the Post-LN model's; W^Q, W^K keep theirs)."""
+    kv_cache = True     # token by token, as model.Residual
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -53,15 +54,17 @@ def carry_scores(carry, scores):
 
 def carried_scores_attention(q, k, v, scale, bias, carry=None, drop=None):
     """model.dense_attention with RealFormer's carried scores: softmax(S_l + B_l + mask) V
-    (drop: the attention's dropout on P, as there; the scores carried are never dropped)."""
+    (drop: the attention's dropout on P, as there; the scores carried are never dropped). With
+    fewer queries than keys (generation's cache) the scores carried are the new rows'."""
     scores = q @ k.transpose(0, 1, 3, 2) * scale                    # (B, H, T, T)
     if carry is not None:
         scores = carry_scores(carry, scores)
-    P = fused.softmax(scores, dense_bias(bias, q.shape[-2], q.dtype), scale=1.0, causal=True)
+    P = fused.softmax(scores, dense_bias(bias, k.shape[-2], q.dtype, q.shape[-2]), scale=1.0, causal=True)
     return (P if drop is None else drop(P)) @ v, P
 
 
 carried_scores_attention.carries_scores = True      # predict.BlockMaps: the layers' logits add
+carried_scores_attention.kv_cache = True    # row i of S_l needs q_i of each layer and the keys kept
 
 
 def resolve_auto(cfg):
