@@ -145,7 +145,7 @@ def test_the_iterations_ratio_per_step_and_per_cpu_second():
     assert kfac["reached"] == 0 and kfac["mean"] is None
     assert a["ratios"]["12"]["adamw"]["mean"] == pytest.approx(1.8, rel=0.02)
     assert a["cost"]["espa_kfac_d4"] == pytest.approx(2.5) and a["cost"]["espa_muon_d4"] == pytest.approx(1.25)
-    assert a["grid"]["pre_ln_adamw_d4"] == dict(best=3e-3, where="high edge")
+    assert a["grid"]["pre_ln_adamw_d4"] == dict(best=3e-3, where="high edge", reported=3e-3)
     assert a["grid"]["espa_adamw_d4"]["where"] == "interior"
 
 
@@ -160,7 +160,21 @@ def test_the_findings_flag_an_edge_say_not_reached_and_compute_the_verdict():
     assert "AdamW: within 1.5x at depths 4 (also in CPU seconds at 4)" in verdict[0]
     assert "Muon: within 1.5x at no depth" in verdict[0] and "K-FAC: within 1.5x at no depth" in verdict[0]
     assert "provisional: pre_ln_adamw_d4" in verdict[0]
-    assert any("K-FAC's CPU cost per step relative to AdamW" in line and "2.50x" in line for line in lines)
+    assert "K-FAC's CPU cost per step relative to AdamW's: depth 4 E-SPA 2.50x" in text
+
+
+def test_a_seed_that_diverged_at_the_grid_best_is_flagged_and_makes_the_verdict_provisional():
+    result = hand_made()
+    runs = result["methods"]["espa_adamw_d4"]["runs"]
+    bad = next(r for r in runs if r["lr"] == 3e-3 and r["seed"] == 1)
+    bad.update(final_train=math.nan, diverged=True)
+    m = result["methods"]["espa_adamw_d4"]
+    m["summary"] = runner.summarise_method(runs, m["lrs"], unigram=3.3)
+    assert m["summary"]["best_lr"] != 3e-3                          # the summary moved; the grid's best did not
+    result["analysis"] = optimisers.analysis(result)
+    text = "\n".join(optimisers.findings(result))
+    assert "espa_adamw_d4 (grid best 0.003, reported 0.001)" in text
+    assert "provisional: pre_ln_adamw_d4, espa_adamw_d4" in text
 
 
 def test_an_out_another_command_holds_is_refused_and_help_lists_the_settings(tmp_path, capsys):

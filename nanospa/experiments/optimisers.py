@@ -28,7 +28,8 @@ One command, two phases into one --out (one lock, one result.json):
 Every round merges into --out's result.json (runner.merge_held), so a command stopped at any
 point and run again trains only what is missing; --reuse takes runs of other results too.
 runner.best_rate compares rates on the seeds they all ran, so the seeds added at the best do
-not move the choice.
+not move the choice, unless one of them diverges: then the method is reported at another rate,
+and the findings say so and call the verdict provisional.
 
 Findings (analysis() in result.json, and table.md): per depth and optimiser, vanilla E-SPA's
 iterations ratio against Pre-LN with AdamW (longer.iterations_ratio at 100% of Pre-LN's run:
@@ -231,13 +232,15 @@ def ratio(result, other, reference="pre_ln_adamw"):
 
 
 def analysis(result):
-    """{"ratios": {depth: {opt: ratio() against Pre-LN with AdamW, "same": against Pre-LN with
-    the same optimiser}}, "grid": {label: {best, where}}, "cost": {label: CPU s/step / AdamW's}}."""
+    """{"ratios": {depth: {opt: ratio() against Pre-LN with AdamW, opt + "_same": against Pre-LN
+    with the same optimiser}}, "grid": {label: {best (the grid seeds'), where, reported (the
+    summary's best rate: another when a seed added at the grid's best diverged)}}, "cost":
+    {label: CPU s/step / AdamW's on the same model and depth}}."""
     grid_seeds = result["settings"].get("grid_seeds", 1)
     out = dict(ratios={}, grid={}, cost={}, within=WITHIN)
     for key, m in result["methods"].items():
         best, where = grid_best(m, grid_seeds)
-        out["grid"][key] = dict(best=best, where=where)
+        out["grid"][key] = dict(best=best, where=where, reported=(m.get("summary") or {}).get("best_lr"))
         e = m.get("extra") or {}
         adam = _cell(result, e.get("kind"), "adamw", e.get("depth"))
         a, b = report.summary(result, key), report.summary(result, adam) if adam else None
@@ -281,6 +284,11 @@ def findings(result):
     if edges:
         lines.append("not interior: extend the grid (a larger --extend, or the grids in optimisers.py): "
                      + ", ".join(edges))
+    moved = [k for k, g in a["grid"].items() if g["best"] is not None and g.get("reported", g["best"]) != g["best"]]
+    if moved:
+        lines.append("a seed added at the grid's best diverged, so the method is reported at another rate: "
+                     + ", ".join(f"{k} (grid best {a['grid'][k]['best']:g}, reported "
+                                 f"{report.fmt(a['grid'][k]['reported'], 'g')})" for k in moved))
     if not phase.startswith("seeds"):
         return lines + [f"phase: {phase} (the seeds at each best rate and the verdict come after the grid)"]
     verdict = {}
@@ -299,13 +307,11 @@ def findings(result):
                          + (f"; against Pre-LN with {name} too: {ratio_text(same)}" if same else ""))
             verdict.setdefault(name, {})[int(depth)] = (within(r), r)
     for opt, (_, name) in OPTIMISERS.items():
-        if opt == "adamw":
-            continue
-        costs = [f"{a['cost'][label(k, opt, d)]:.2f}x" for d in _depths(result) for k in KINDS
-                 if label(k, opt, d) in a["cost"]]
-        if costs:
-            lines.append(f"{name}'s CPU cost per step relative to AdamW (E-SPA, Pre-LN per depth "
-                         f"{', '.join(map(str, _depths(result)))}): {', '.join(costs)}")
+        costs = [f"depth {d} " + ", ".join(f"{'E-SPA' if k == 'espa' else 'Pre-LN'} {a['cost'][label(k, opt, d)]:.2f}x"
+                                           for k in KINDS if label(k, opt, d) in a["cost"])
+                 for d in _depths(result) if any(label(k, opt, d) in a["cost"] for k in KINDS)]
+        if opt != "adamw" and costs:
+            lines.append(f"{name}'s CPU cost per step relative to AdamW's: " + "; ".join(costs))
     parts = []
     for name, by_depth in verdict.items():
         yes = [d for d, (ok, _) in sorted(by_depth.items()) if ok]
@@ -314,7 +320,7 @@ def findings(result):
                      + (f" (also in CPU seconds at {', '.join(map(str, by_seconds)) or 'none'})" if yes else "")
                      if yes else f"{name}: within {WITHIN:g}x at no depth")
     if parts:
-        involved = [k for k, g in a["grid"].items() if g["where"] != "interior"]
+        involved = [k for k, g in a["grid"].items() if g["where"] != "interior" or k in moved]
         lines.append(f"verdict: vanilla E-SPA against Pre-LN with AdamW, steps to its final loss: " + "; ".join(parts)
                      + (f" (best rates not interior, so these ratios are provisional: {', '.join(involved)})"
                         if involved else ""))
