@@ -30,6 +30,9 @@ def test_tiny_runs_the_grid_extends_an_edge_and_adds_seeds_at_the_best(tmp_path,
         base = optimisers.grid(kind, opt, 2, tiny=True)
         # two grid points, always a best at an edge, so one more rate beyond it (extend=1)
         assert set(base) < set(m["lrs"]) and len(m["lrs"]) == 3
+        _, where = optimisers.grid_best(m, 1, base)                 # round 1's best, on its own grid
+        (added,) = set(m["lrs"]) - set(base)                           # ... and the rate beyond that edge
+        assert added == optimisers.next_rate(max(base) if where == "high edge" else min(base), where == "high edge")
         best = m["summary"]["best_lr"]
         assert sorted(r["seed"] for r in m["runs"] if r["lr"] == best) == [0, 1]
         assert all(r["seed"] == 0 for r in m["runs"] if r["lr"] != best)
