@@ -6,7 +6,8 @@ final loss (the paper's iterations ratio, Figure 4(b)).
     python -m nanospa.experiments optimisers [--preset=full|quick|tiny] [--depths=4,12,24] [--key=value ...]
 
 Presets: full (and study, the same): the design of docs/results.md, about 4 hours on 2 cores;
-quick: depth 4 only, 200 steps, one seed, no extension (about 11 minutes); tiny: seconds.
+quick: depth 4 only, 200 steps, one seed, no extension (about 11 minutes, estimated from the
+measured step costs); tiny: seconds.
 
 Methods: KIND_OPT_dDEPTH for KIND in espa (vanilla E-SPA), pre_ln (Pre-LN, learned
 positions), OPT in adamw, muon, kfac (nanospa/beyond/optimizers.py, each with its defaults
