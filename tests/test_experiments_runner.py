@@ -30,6 +30,17 @@ def test_best_rate_is_lowest_mean_and_ignores_diverged():
     assert runner.best_rate([dict(lr=1e-3, final_train=math.nan)], (1e-3,))[1] is None
 
 
+def test_best_rate_compares_rates_on_the_seeds_they_all_ran():
+    runs = [dict(lr=1e-3, seed=0, final_train=1.0), dict(lr=1e-3, seed=1, final_train=2.0),
+            dict(lr=1e-3, seed=2, final_train=2.0), dict(lr=3e-3, seed=0, final_train=1.5)]
+    by_lr, best = runner.best_rate(runs, [1e-3, 3e-3])
+    assert best == 1e-3 and by_lr[1e-3] == pytest.approx(5 / 3)      # seed 0: 1.0 < 1.5; the mean over all three
+    runs[0] = dict(runs[0], final_train=math.inf)
+    assert runner.best_rate(runs, [1e-3, 3e-3])[1] == 3e-3
+    runs[0], runs[1] = dict(runs[0], final_train=1.0), dict(runs[1], final_train=math.nan)   # an added seed diverged
+    assert runner.best_rate(runs, [1e-3, 3e-3]) == ({1e-3: math.inf, 3e-3: 1.5}, 3e-3)
+
+
 def test_settings_layer_defaults_extras_preset_and_command_line():
     s = runner.settings_for(spec(), [])
     assert s["preset"] == "quick" and s["steps"] == runner.PRESETS["quick"]["steps"]

@@ -12,6 +12,7 @@ the paper (docs/method.md §12), and the kernel-budget study.
     norms    every residual and normalisation scheme at depth, beside vanilla E-SPA
     causality  how much a causal LM's loss at t sees tokens after t, per norm (docs/norms.md)
     scaling  vanilla E-SPA and Pre-LN across width and depth: best rate, divergence edge, lead, muP rule
+    optimisers  vanilla E-SPA vs Pre-LN at depths 4, 12, 24 under AdamW, Muon, K-FAC: the iterations ratio
 
 Each writes result.json, table.md and plot.png to --out (default out/NAME), which it holds
 for the whole command (a second command into it: one error line naming the first). Presets:
@@ -26,7 +27,8 @@ import sys
 
 from ..run.settings import fail
 
-COMMANDS = ("fig1", "fig2", "table1", "fig3", "table2", "longer", "budget", "kfac", "norms", "causality", "scaling")
+COMMANDS = ("fig1", "fig2", "table1", "fig3", "table2", "longer", "budget", "kfac", "norms", "causality", "scaling",
+            "optimisers")
 
 
 def main(argv=None):

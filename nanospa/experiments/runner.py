@@ -11,7 +11,8 @@ One experiment module (fig2.py, table1.py, fig3.py, table2.py, longer.py) declar
 
 and the runner does the rest: methods x learning-rate grid x seeds (a process pool of
 `workers` processes, each single-threaded), the best rate per method from the same grid
-(lowest mean final training loss over seeds; a diverged run counts as +inf), then writes
+(lowest mean final training loss over the seeds every rate ran; a diverged run counts as +inf),
+then writes
 
     result.json   settings, command, date, machine, time; every run with its loss history
     table.md      the command, date, machine and time; one row per method; the findings
@@ -302,13 +303,16 @@ def run_jobs(jobs, workers, on_result):
 
 
 def best_rate(runs, lrs):
-    """{lr: mean final train loss over seeds (inf if any seed diverged)} and the best lr."""
-    by_lr = {}
-    for lr in lrs:
-        losses = [r["final_train"] for r in runs if r["lr"] == lr]
-        if losses:
-            by_lr[lr] = float(np.mean(losses)) if all(math.isfinite(x) for x in losses) else math.inf
-    finite = {lr: v for lr, v in by_lr.items() if math.isfinite(v)}
+    """{lr: mean final train loss over seeds (inf if any seed diverged)} and the best lr: of the
+    rates no seed of which diverged, the lowest mean over the seeds every rate ran (seeds added
+    at one rate afterwards, as optimisers.py's seeds at the best, do not move the choice unless
+    one diverges; all seeds when no seed is common)."""
+    def mean(lr, seeds=None):
+        losses = [r["final_train"] for r in runs if r["lr"] == lr and (seeds is None or r.get("seed") in seeds)]
+        return (float(np.mean(losses)) if all(math.isfinite(x) for x in losses) else math.inf) if losses else None
+    by_lr = {lr: mean(lr) for lr in lrs if mean(lr) is not None}
+    common = set.intersection(*({r.get("seed") for r in runs if r["lr"] == lr} for lr in by_lr)) if by_lr else set()
+    finite = {lr: mean(lr, common or None) for lr, v in by_lr.items() if math.isfinite(v)}
     return by_lr, (min(finite, key=finite.get) if finite else None)
 
 
