@@ -12,11 +12,13 @@ the paper (docs/method.md §12), and the kernel-budget study.
     norms    every residual and normalisation scheme at depth, beside vanilla E-SPA
     causality  how much a causal LM's loss at t sees tokens after t, per norm (docs/norms.md)
     scaling  vanilla E-SPA and Pre-LN across width and depth: best rate, divergence edge, lead, muP rule
+    recipes  nanoGPT's tiny Shakespeare recipes (cpu, gpu): Pre-LN as nanoGPT writes it and vanilla E-SPA
 
 Each writes result.json, table.md and plot.png to --out (default out/NAME), which it holds
 for the whole command (a second command into it: one error line naming the first). Presets:
 --preset=quick (default; a 2-core CPU, about 15 minutes or less), --preset=full (one GPU),
---preset=tiny (seconds; for tests), --preset=study (quick's scale, 3 seeds, every method). `python -m nanospa.experiments NAME --help` lists the
+--preset=tiny (seconds; for tests), --preset=study (quick's scale, 3 seeds, every method); recipes
+has nanoGPT's cpu (default) and gpu instead. `python -m nanospa.experiments NAME --help` lists the
 settings of one command. Bad settings or output folders (checked before any training), missing
 data, full disks and the like: one `error:` line, exit status 2 (NANOSPA_DEBUG=1 for a traceback).
 """
@@ -26,7 +28,8 @@ import sys
 
 from ..run.settings import fail
 
-COMMANDS = ("fig1", "fig2", "table1", "fig3", "table2", "longer", "budget", "kfac", "norms", "causality", "scaling")
+COMMANDS = ("fig1", "fig2", "table1", "fig3", "table2", "longer", "budget", "kfac", "norms", "causality", "scaling",
+            "recipes")
 
 
 def main(argv=None):
