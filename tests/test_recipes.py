@@ -139,6 +139,7 @@ def test_a_shortened_run_writes_its_results_and_a_rerun_trains_nothing(text, tmp
     (["--steps=10"], "--steps: recipes takes nanoGPT's --max_iters instead"),
     (["--lrs=0.01"], "--lrs: recipes takes nanoGPT's --learning_rate instead"),
     (["--data=MISSING"], "no such file"),
+    (["--tokenizer=bpe:300"], "recipes trains on characters (bytes)"),
 ])
 def test_bad_input_is_one_error_line_before_any_work(args, words, text, tmp_path, capsys):
     args = [a.replace("MISSING", str(tmp_path / "missing.txt")) for a in args]
@@ -170,3 +171,10 @@ def test_the_shared_tiny_shakespeare_is_the_default_with_nanogpts_split(tmp_path
     n = len(text)                                  # nanoGPT: data[:int(n * 0.9)], data[int(n * 0.9):]
     assert bytes(ds.train) == text[:int(n * 0.9)] and bytes(ds.val) == text[int(n * 0.9):]
     assert len(ds.train) == 1_003_854 and text.isascii()          # bytes are characters
+
+
+def test_help_shows_the_cpu_recipe_in_nanogpts_names(capsys):
+    assert main(["recipes", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--max_iters=2000" in out and "--beta2=0.99" in out and "--n_embd=128" in out
+    assert not any(f"--{k}=" in out for k in recipes.DERIVED)     # the runner's names it derives

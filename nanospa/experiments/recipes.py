@@ -100,6 +100,9 @@ def prepare(s):
     given = [k for k in DERIVED if k in s["_explicit"]]
     if given:
         raise ValueError(f"--{given[0]}: recipes takes nanoGPT's --{DERIVED[given[0]]} instead")
+    if s["tokenizer"] != "byte":
+        raise ValueError(f"--tokenizer={s['tokenizer']}: recipes trains on characters (bytes), as nanoGPT's "
+                         "shakespeare_char does")
     if s["max_iters"] < 1 or s["eval_iters"] < 1 or s["warmup_iters"] < 0:
         raise ValueError(f"max_iters and eval_iters must be >= 1 and warmup_iters >= 0, got {s['max_iters']}, "
                          f"{s['eval_iters']}, {s['warmup_iters']}")

@@ -381,6 +381,9 @@ def holding(out):
 def run(spec, argv):
     if wants_help(argv):
         defaults = {**DEFAULTS, **getattr(spec, "EXTRA", {})}
+        if getattr(spec, "OWN_PRESETS", False):      # its default preset's values; not what it derives
+            defaults.update({k: v for k, v in presets_of(spec)[defaults["preset"]].items() if k in defaults})
+            defaults = {k: v for k, v in defaults.items() if k not in getattr(spec, "DERIVED", {})}
         print(help_text(f"python -m nanospa.experiments {spec.NAME} [--key=value ...]: {spec.TITLE}",
                         defaults, {**NOTES, **getattr(spec, "EXTRA_NOTES", {})},
                         presets_of(spec))
