@@ -167,6 +167,16 @@ def analysis(result):
     return out
 
 
+def _seeds(n):
+    return f"{n} seed{'s' if n != 1 else ''}"
+
+
+def _sample(s):
+    """How the evaluation's sample compares with nanoGPT's eval_iters."""
+    theirs = NANOGPT[s["preset"]]["eval_iters"]
+    return "nanoGPT's eval_iters" if s["eval_iters"] == theirs else f"nanoGPT's eval_iters is {theirs}"
+
+
 def _pm(mean, std, f=".4f"):
     return report.fmt(mean, f) + ("" if math.isnan(std) else f" ± {std:{f}}")
 
@@ -175,11 +185,15 @@ def findings(result):
     s, a = result["settings"], result["analysis"]
     lines = []
     if shortened(result):
+        warm = s["warmup_iters"] >= s["max_iters"]
+        peak = s["learning_rate"] * s["max_iters"] / (s["warmup_iters"] + 1)
         lines.append(f"SHORTENED: {s['max_iters']} of the recipe's {NANOGPT[s['preset']]['max_iters']} iterations "
-                     f"(the cosine over {s['max_iters']}): not comparable with nanoGPT's {PUBLISHED[s['preset']]}")
+                     + (f"(all of them in the {s['warmup_iters']}-step warm-up: the rate peaks at {peak:.2g})" if warm
+                        else f"(the cosine over {s['max_iters']})")
+                     + f": not comparable with nanoGPT's {PUBLISHED[s['preset']]}")
     for label, x in a.items():
-        lines.append(f"{label}: val {_pm(x['val'], x['val_std'])} nats/char over {len(x['runs'])} seeds "
-                     f"({s['eval_iters']} batches of {s['batch_size']}, as nanoGPT's eval_iters), whole val split "
+        lines.append(f"{label}: val {_pm(x['val'], x['val_std'])} nats/char over {_seeds(len(x['runs']))} "
+                     f"({s['eval_iters']} batches of {s['batch_size']}, {_sample(s)}), whole val split "
                      f"{_pm(x['val_whole'], x['val_whole_std'])}; nanoGPT published {x['published']} "
                      f"(one run, 65-character vocabulary): {x['gap']:+.4f}")
     if "preln" in a and "espa" in a:
@@ -200,7 +214,7 @@ def markdown(result):
               + (" (SHORTENED)" if shortened(result) else "")
               + f", AdamW lr {s['learning_rate']:g} (warm-up {s['warmup_iters']}, cosine to {s['min_lr']:g}), "
               f"betas ({s['beta1']}, {s['beta2']}), weight decay {s['weight_decay']}, clip {s['grad_clip']}, "
-              f"dropout {s['dropout']}, bias {s['bias']}; {s['seeds']} seeds", "",
+              f"dropout {s['dropout']}, bias {s['bias']}; {_seeds(s['seeds'])}", "",
               "| method | model | parameters | val (eval_iters batches) | val (whole split) | train | "
               f"nanoGPT's published val | val - published | s per run | tokens/s |",
               "|---|---|---|---|---|---|---|---|---|---|"]
@@ -216,7 +230,7 @@ def markdown(result):
                   f"{report.fmt(r['train'], '.4f')} | {report.fmt(r['seconds'], '.0f')} | "
                   f"{report.fmt(r['tokens_per_s'], ',.0f')} |" for r in x["runs"]]
     lines += ["", f"Means ± sample standard deviations (n - 1) over seeds. \"val\": {s['eval_iters']} fixed batches "
-              f"of {s['batch_size']} random windows (nanoGPT's sample size; the same batches for every run); "
+              f"of {s['batch_size']} random windows ({_sample(s)}; the same batches for every run); "
               "\"whole split\": every validation target once, in non-overlapping windows. s per run and "
               "tokens/s: the training steps' wall-clock, on a shared machine (see the load averages).",
               "", "## What nanoGPT reports", "", result["paper"], "", "## What nanospa measured", ""]
