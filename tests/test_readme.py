@@ -89,6 +89,10 @@ def skip_reason(cmd):
         return "needs matplotlib"
     if re.search(r"--data=(shakespeare|wikitext2|wikitext103)(\s|$)", cmd):
         return "downloads its data"
+    if "nanospa.experiments recipes" in cmd and "--data=" not in cmd:
+        from nanospa.experiments.recipes import shared_data
+        if not shared_data().is_file():
+            return "needs tiny Shakespeare in ../shared/data (or --data=PATH)"
     return None
 
 

@@ -13,11 +13,13 @@ the paper (docs/method.md §12), and the kernel-budget study.
     causality  how much a causal LM's loss at t sees tokens after t, per norm (docs/norms.md)
     scaling  vanilla E-SPA and Pre-LN across width and depth: best rate, divergence edge, lead, muP rule
     optimisers  vanilla E-SPA vs Pre-LN at depths 4, 12, 24 under AdamW, Muon, K-FAC: the iterations ratio
+    recipes  nanoGPT's tiny Shakespeare recipes (cpu, gpu): Pre-LN as nanoGPT writes it and vanilla E-SPA
 
 Each writes result.json, table.md and plot.png to --out (default out/NAME), which it holds
 for the whole command (a second command into it: one error line naming the first). Presets:
 --preset=quick (default; a 2-core CPU, about 15 minutes or less), --preset=full (one GPU),
---preset=tiny (seconds; for tests), --preset=study (quick's scale, 3 seeds, every method). `python -m nanospa.experiments NAME --help` lists the
+--preset=tiny (seconds; for tests), --preset=study (quick's scale, 3 seeds, every method); recipes
+has nanoGPT's cpu (default) and gpu instead. `python -m nanospa.experiments NAME --help` lists the
 settings of one command. Bad settings or output folders (checked before any training), missing
 data, full disks and the like: one `error:` line, exit status 2 (NANOSPA_DEBUG=1 for a traceback).
 """
@@ -28,7 +30,7 @@ import sys
 from ..run.settings import fail
 
 COMMANDS = ("fig1", "fig2", "table1", "fig3", "table2", "longer", "budget", "kfac", "norms", "causality", "scaling",
-            "optimisers")
+            "optimisers", "recipes")
 
 
 def main(argv=None):

@@ -41,9 +41,28 @@ def evaluate(model, tokens, batch_size, block_size, n_batches, seed=EVAL_SEED):
     return float(np.mean(losses))
 
 
+def evaluate_whole(model, tokens, block_size, batch_size):
+    """Mean loss over every target of `tokens` (all but its first token) once: consecutive
+    non-overlapping windows of block_size, batch_size of them at a time, the last shorter
+    window alone; a window's first token is predicted without context, as in random windows.
+    Evaluation mode; the mode before is restored."""
+    n = len(tokens) - 1
+    starts = np.arange(0, n, block_size)
+    full, rest = starts[starts + block_size <= n], starts[starts + block_size > n]
+    groups = [full[i:i + batch_size] for i in range(0, len(full), batch_size)] + ([rest] if len(rest) else [])
+    total, count = 0.0, 0
+    with no_grad(), model.evaluating():
+        for group in groups:
+            T = min(block_size, n - int(group[0]))
+            chunk = np.asarray(tokens[group[:, None] + np.arange(T + 1)]).astype(np.int64)   # (b, T + 1)
+            total += model(chunk[:, :-1], chunk[:, 1:])[1].item() * chunk[:, 1:].size
+            count += chunk[:, 1:].size
+    return total / count
+
+
 def train_run(cfg, train_tokens, val_tokens, *, steps, lr, batch_size=8, seed=0, warmup=None,
               min_lr_ratio=0.1, weight_decay=0.0, grad_clip=1.0, eval_every=0, eval_batches=4,
-              log_every=1, optimizer=None):
+              log_every=1, optimizer=None, whole_val=False):
     """Train GPT(cfg) from scratch; returns a dict of plain numbers.
 
     history: [(iter, train_loss)] every log_every steps; evals: [(iter, val_loss)];
@@ -51,11 +70,13 @@ def train_run(cfg, train_tokens, val_tokens, *, steps, lr, batch_size=8, seed=0,
     diverged: True when a loss or gradient norm became non-finite (training stops there).
     seconds, cpu_seconds: wall-clock and process CPU time of the training steps (the CPU time
     of a single-threaded worker does not grow when other work shares the machine).
-    optimizer: optimiser settings (nanospa.beyond.optimizers.OPTIMIZER_DEFAULTS' keys; default AdamW).
+    optimizer: optimiser settings (nanospa.beyond.optimizers.OPTIMIZER_DEFAULTS' keys, and beta1,
+    beta2 where a method sets its own; default AdamW with BETAS).
+    whole_val: also final_val_whole, the loss over the whole validation split (evaluate_whole).
     """
     model = GPT(cfg, seed=seed)
-    settings = {**OPTIMIZER_DEFAULTS, **(optimizer or {}), "learning_rate": lr, "beta1": BETAS[0],
-                "beta2": BETAS[1], "weight_decay": weight_decay}
+    settings = {**OPTIMIZER_DEFAULTS, "beta1": BETAS[0], "beta2": BETAS[1], **(optimizer or {}),
+                "learning_rate": lr, "weight_decay": weight_decay}
     opt = make_optimizer(settings, model, seed=seed)
     rng = np.random.default_rng(seed + 1)
     warmup = max(1, steps // WARMUP_DIVISOR) if warmup is None else warmup
@@ -78,7 +99,10 @@ def train_run(cfg, train_tokens, val_tokens, *, steps, lr, batch_size=8, seed=0,
     nan = float("nan")
     final_train = nan if diverged else evaluate(model, train_tokens, batch_size, T, eval_batches)
     final_val = nan if diverged else evaluate(model, val_tokens, batch_size, T, eval_batches)
+    extra = {}
+    if whole_val:
+        extra["final_val_whole"] = nan if diverged else evaluate_whole(model, val_tokens, T, batch_size)
     backend.synchronize()
-    return dict(history=history, evals=evals, final_train=final_train, final_val=final_val,
+    return dict(**extra, history=history, evals=evals, final_train=final_train, final_val=final_val,
                 diverged=diverged, seconds=seconds, cpu_seconds=cpu_seconds, steps_done=len(history) and history[-1][0] + 1,
                 lr=lr, seed=seed, n_params=model.num_params())

@@ -8,6 +8,9 @@ One experiment module (fig2.py, table1.py, fig3.py, table2.py, longer.py) declar
     findings(result)           lines setting the measured numbers beside the paper's claim
     analysis(result) (optional) more numbers for result.json's "analysis", before the findings
     PANELS (optional)          [(panel title, [labels])] for the plot
+    OWN_PRESETS (optional)     True: PRESETS replaces the runner's presets (recipes: cpu, gpu)
+    prepare(s) (optional)      checks and derives its own settings, before the runner's checks
+    markdown(result) (optional)  table.md (default: report.markdown)
 
 and the runner does the rest: methods x learning-rate grid x seeds (a process pool of
 `workers` processes, each single-threaded), the best rate per method from the same grid
@@ -146,6 +149,7 @@ class Method:
     lrs: tuple = ()
     optimizer: dict = field(default_factory=dict)
     warmup: int = None          # warm-up steps of this method; None: the runner's --warmup (0 = none here)
+    whole_val: bool = False     # also the loss over the whole validation split (common.train_run)
 
     def grid(self, settings):
         return tuple(self.lrs) or tuple(settings["lrs"])
@@ -162,16 +166,27 @@ def _config_fields():
 BASE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "dtype")
 
 
+def presets_of(spec):
+    """{preset: settings} of experiment `spec`: the runner's presets with its own on top, or
+    its own alone when it declares OWN_PRESETS."""
+    own = getattr(spec, "PRESETS", {})
+    if getattr(spec, "OWN_PRESETS", False):
+        return {name: dict(p) for name, p in own.items()}
+    return {name: {**p, **own.get(name, {})} for name, p in PRESETS.items()}
+
+
 def settings_for(spec, argv):
     """Parse argv for experiment `spec`: runner defaults < spec extras < preset < argv."""
     cfg_fields = {k: v for k, v in _config_fields().items() if k not in DEFAULTS and k != "vocab_size"}
     defaults = {**DEFAULTS, **getattr(spec, "EXTRA", {}), **cfg_fields}
-    presets = {name: {**p, **getattr(spec, "PRESETS", {}).get(name, {})} for name, p in PRESETS.items()}
+    presets = presets_of(spec)
     keys = set().union(*presets.values())          # a preset sets every key any preset sets
     presets = {name: {k: p.get(k, defaults[k]) for k in keys} for name, p in presets.items()}
     defaults.update(presets[defaults["preset"]])
     s = parse_settings(argv, defaults, presets)
     s["config_overrides"] = {k: s[k] for k in cfg_fields if k in s["_explicit"]}
+    if hasattr(spec, "prepare"):
+        spec.prepare(s)                            # its own settings' checks and derived values
     check_tokenizer(s["tokenizer"])                # bpe:N: a bad spec or a missing package, before any work
     for key in ("seeds", "steps", "batch_size", "eval_batches"):
         if s[key] < 1:
@@ -239,7 +254,7 @@ def train_job(job):
                   batch_size=job["batch_size"], warmup=job["warmup"],
                   min_lr_ratio=job["min_lr_ratio"], weight_decay=job["weight_decay"],
                   grad_clip=job["grad_clip"], eval_batches=job["eval_batches"],
-                  log_every=job["log_every"], optimizer=job["optimizer"])
+                  log_every=job["log_every"], optimizer=job["optimizer"], whole_val=job.get("whole_val", False))
     r["label"] = job["label"]
     r["history"] = [(it, round(loss, LOSS_DECIMALS)) for it, loss in r["history"]]
     return r
@@ -272,7 +287,8 @@ def make_jobs(s, methods, configs):
                                  min_lr_ratio=s["min_lr_ratio"], weight_decay=s["weight_decay"],
                                  grad_clip=s["grad_clip"], eval_batches=s["eval_batches"],
                                  log_every=max(1, steps // CURVE_POINTS), data=s["data"], device=s["device"],
-                                 tokenizer=s["tokenizer"], batches=BATCHES))
+                                 tokenizer=s["tokenizer"], batches=BATCHES,
+                                 **({"whole_val": True} if m.whole_val else {})))   # not in older jobs' keys
     return jobs
 
 
@@ -369,9 +385,12 @@ def holding(out):
 def run(spec, argv):
     if wants_help(argv):
         defaults = {**DEFAULTS, **getattr(spec, "EXTRA", {})}
+        if getattr(spec, "OWN_PRESETS", False):      # its default preset's values; not what it derives
+            defaults.update({k: v for k, v in presets_of(spec)[defaults["preset"]].items() if k in defaults})
+            defaults = {k: v for k, v in defaults.items() if k not in getattr(spec, "DERIVED", {})}
         print(help_text(f"python -m nanospa.experiments {spec.NAME} [--key=value ...]: {spec.TITLE}",
                         defaults, {**NOTES, **getattr(spec, "EXTRA_NOTES", {})},
-                        {n: {**p, **getattr(spec, "PRESETS", {}).get(n, {})} for n, p in PRESETS.items()})
+                        presets_of(spec))
               + "\nEvery GPTConfig field is a setting too; set explicitly, it applies to every method.")
         return 0
     t0 = time.time()
@@ -462,7 +481,7 @@ def _run(spec, argv, s, t0, started):
     result["complete"] = True
     result["provenance"] = provenance(spec.NAME, argv, s, started, t0)
     write_json(out / "result.json", result)
-    write_text(out / "table.md", markdown(result))
+    write_text(out / "table.md", getattr(spec, "markdown", markdown)(result))
     wrote = draw(spec, result, out)
     print("\n".join(f"  {line}" for line in result["findings"]))
     print(f"wrote {out / 'result.json'}, {out / 'table.md'}" + (f", {out / 'plot.png'}" if wrote else "")
@@ -557,7 +576,7 @@ def _rerendered(spec, out):
     result["analysis"] = spec.analysis(result) if hasattr(spec, "analysis") else {}
     result["findings"] = list(spec.findings(result))
     write_json(out / "result.json", result)
-    write_text(out / "table.md", markdown(result))
+    write_text(out / "table.md", getattr(spec, "markdown", markdown)(result))
     draw(spec, result, out)
     return result
 
