@@ -50,7 +50,7 @@ def future_leakage(model, idx, targets, training=True):
             e = model.embed(idx).data
         for t in range(T):
             leaf = Tensor(e.copy(), requires_grad=True)
-            model.embed = lambda _idx, leaf=leaf: leaf               # shadows GPT.embed for this call
+            model.embed = lambda _idx, start=0, leaf=leaf: leaf      # shadows GPT.embed for this call
             logits, _ = model(idx)
             grads = {}
             cross_entropy(logits[:, t], targets[:, t]).backward(leaf_grads=grads)
