@@ -4,7 +4,7 @@ it, and vanilla E-SPA (train.py's default model) on the same optimiser settings.
     python -m nanospa.experiments recipes [--preset=cpu|gpu] [--seeds=3] [--max_iters=N] [--data=PATH] [--key=value ...]
 
 Presets (NANOGPT below, nanoGPT's own values): cpu (the default), the README's CPU command
-line, published validation loss 1.88; gpu, config/train_shakespeare_char.py, published
+line, published validation loss 1.88; gpu, nanoGPT's config/train_shakespeare_char.py, published
 1.4697, on --device=cuda (on a CPU: --device=cpu with a shorter --max_iters, labelled
 shortened and not comparable). The settings keep nanoGPT's names (max_iters, learning_rate,
 min_lr, warmup_iters, beta1, beta2, eval_iters; the runner's steps, lrs, warmup,
