@@ -3,7 +3,7 @@
 Here: arithmetic (Add, Sub, Mul, Div, Neg, Pow), Exp, Log, Sqrt, the activations
 (Activation: any phi of signal.activations.ACTIVATIONS, the one definition the DKS/TAT maths
 use too), the shaped activation of DKS/TAT in one op (Shaped: signal.activations.PhiHat, one
-definition too), inverted dropout with a given mask (Dropout; its spelling dropout), and
+definition too), and
 selection (Where; its functional spelling where). Each
 output entry depends only on the same entry of each (broadcast) input, so each backward is a
 product with a local derivative.
@@ -178,26 +178,6 @@ class Shaped(Function):
         if ctx.factors is not None:
             return scale_where(g, ctx.saved[0], *ctx.factors)
         return ctx.h.grad(ctx.saved[0], g, ctx.xp)
-
-
-class Dropout(Function):
-    """Inverted dropout with a given mask: y = x keep / (1 - p) (keep: a boolean array of x's
-    shape, True where an entry is kept; ``scale`` = 1 / (1 - p)). The mask is an input, not
-    drawn here, so a gradient check holds it fixed (nn.Dropout draws it).
-    Backward: g keep / (1 - p), the same factors."""
-
-    def forward(ctx, x, keep, scale):
-        ctx.save(keep)
-        ctx.scale = scale
-        return scale_where(x, keep, scale, 0.0)
-
-    def backward(ctx, g):
-        return scale_where(g, ctx.saved[0], ctx.scale, 0.0)
-
-
-def dropout(x, keep, p):
-    """x with the entries where keep is False set to 0 and the others scaled by 1 / (1 - p)."""
-    return Dropout.apply(x, keep=_condition(keep, x), scale=1.0 / (1.0 - p))
 
 
 # ---------------------------------------------------------------- selection

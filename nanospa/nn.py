@@ -12,7 +12,7 @@ otherwise; only Dropout and the layers whose statistics come from the batch
 (nanospa/beyond/norms.py) read the flag.
 
 Here: Parameter, Module, orthogonal (the Haar-random matrix of the SPA initialisation),
-Linear, Embedding, Dropout (its masks' generator: beyond/dropout.py), LayerNorm, RMSNorm. Not here: DyT, the batch-statistics norms and
+Linear, Embedding, Dropout (its masks' generator and its op: beyond/dropout.py), LayerNorm, RMSNorm. Not here: DyT, the batch-statistics norms and
 GroupNorm (beyond/norms.py), the ops these layers call
 (functions.py, shape_ops.py, fused.py), and the attention and MLP blocks with their
 signal-propagation initialisation, which model.py writes over the default weights.
@@ -22,7 +22,6 @@ import contextlib
 import numpy as np
 
 from . import backend
-from .functions import dropout
 from .fused import LAYER_NORM_EPS, RMS_NORM_EPS, layer_norm, rms_norm
 from .shape_ops import embedding
 from .tensor import Tensor
@@ -199,8 +198,8 @@ class Embedding(Module):
 
 class Dropout(Module):
     """Inverted dropout at one site of a model: in training mode each entry of x (B, ...) is
-    kept with probability 1 - p and scaled by 1 / (1 - p), else set to 0 (functions.dropout);
-    in evaluation mode, or with p = 0, x itself. `full`: a row's shape at the full block_size.
+    kept with probability 1 - p and scaled by 1 / (1 - p), else set to 0 (beyond/dropout.py's
+    op); in evaluation mode, or with p = 0, x itself. `full`: a row's shape at the full block_size.
     The masks come from the model's DropoutMasks (beyond/dropout.py), which a model with
     dropout hands to each of its sites with the site's number (model.GPT: `masks`, `site`)."""
 
@@ -213,7 +212,7 @@ class Dropout(Module):
             return x
         if self.masks is None:
             raise RuntimeError("Dropout: no DropoutMasks (a model hands its own to each of its Dropout sites)")
-        return dropout(x, self.masks.keep(x.data, self.site, self.p, self.full), self.p)
+        return self.masks.drop(x, self.site, self.p, self.full)
 
 
 class LayerNorm(Module):

@@ -1,4 +1,4 @@
-"""Dropout (GPTConfig.dropout; nn.Dropout, beyond/dropout.py DropoutMasks, functions.Dropout): nanoGPT's
+"""Dropout (GPTConfig.dropout; nn.Dropout, beyond/dropout.py DropoutMasks and Dropout): nanoGPT's
 three places, active in training mode only, inverted (kept entries times 1 / (1 - p)), masks
 that change with each optimiser step and not with how a step is split (worker threads'
 slices, micro-batches, MPI ranks), a prefix of a sequence seeing the masks of the whole, and

@@ -1,4 +1,5 @@
-"""nanospa/functions.py: the elementwise primitives.
+"""nanospa/functions.py: the elementwise primitives (and beyond/dropout.py's op, an elementwise
+one too).
 
 Every op against float64 central differences (full Jacobian, random upstream gradient),
 float32 in -> float32 out (values and gradients), the Shaped fast path (TAT's leaky ReLU
@@ -12,6 +13,7 @@ import pytest
 from conftest import assert_full_jacobian, assert_keeps_float32
 from nanospa import Tensor
 from nanospa import functions as F
+from nanospa.beyond.dropout import dropout
 from nanospa.gradcheck import check_jacobian
 from nanospa.signal.activations import PhiHat
 
@@ -63,7 +65,7 @@ OPS = {
     "elu": (lambda a: a.elu(), [away_from_zero(3, 4)]),
     "swish": (lambda a: a.swish(), [normal(3, 4) * 2]),
     "where": (lambda a, b: F.where(COND, a, b), [normal(3, 4), normal(4)]),
-    "dropout": (lambda a: F.dropout(a, KEEP, 0.3), [normal(2, 3, 4)]),
+    "dropout": (lambda a: dropout(a, KEEP, 0.3), [normal(2, 3, 4)]),
     "shaped_lrelu": (lambda a: shaped(a, "leaky_relu", s=1.3, negative_slope=0.35), [away_from_zero(3, 4)]),
     "shaped_lrelu_shifted": (lambda a: shaped(a, "leaky_relu", a=0.9, b=0.05, s=1.1, negative_slope=0.2),
                              [away_from_zero(3, 4)]),

@@ -1,6 +1,7 @@
-"""Dropout's masks (nanoGPT's dropout, docs/method.md §2.5; beyond the paper): the generator
-a model with GPTConfig.dropout > 0 builds (model.GPT looks it up by name) and hands to each
-of its nn.Dropout sites. Each row draws its own masks from its index in the step's batch
+"""Dropout's masks and op (nanoGPT's dropout, docs/method.md §2.5; beyond the paper): the
+generator a model with GPTConfig.dropout > 0 builds (model.GPT looks it up by name) and hands
+to each of its nn.Dropout sites, and the op that applies a mask (Dropout; its spelling
+dropout). Each row draws its own masks from its index in the step's batch
 (run/threads.batch_rows), so a step is the same however it is split.
 """
 import math
@@ -8,8 +9,10 @@ import math
 import numpy as np
 
 from .. import backend
+from ..functions import scale_where
 from ..model import DENSE_MAX_T, dense
 from ..run.threads import first_row
+from ..tensor import Function, Tensor
 
 def check_config(cfg):
     """GPTConfig.dropout: a rate in [0, 1), and attention with a (T, T) matrix to drop."""
@@ -71,6 +74,10 @@ class DropoutMasks:
     def load(self, state):
         self.key, self.step = [int(w) for w in state["key"]], int(state["step"])
 
+    def drop(self, x, site, p, full):
+        """x (a Tensor (B, ...)) through dropout at `site` with rate p (nn.Dropout.forward)."""
+        return dropout(x, self.keep(x.data, site, p, full), p)
+
     def keep(self, x, site, p, full):
         """The boolean mask (True: kept) of x (B, ...), the rows first_row() on, at `site`;
         `full`: a row's shape at the full length (x.shape[1:] <= full, entry by entry)."""
@@ -85,3 +92,25 @@ class DropoutMasks:
         h = mix32(e ^ a)                                                             # (B, ...)
         h ^= b
         return mix32(h) < min(round((1.0 - p) * 2 ** 32), M32)
+
+
+class Dropout(Function):
+    """Inverted dropout with a given mask: y = x keep / (1 - p) (keep: a boolean array of x's
+    shape, True where an entry is kept; ``scale`` = 1 / (1 - p)). The mask is an input, not
+    drawn here, so a gradient check holds it fixed (DropoutMasks draws it).
+    Backward: g keep / (1 - p), the same factors."""
+
+    def forward(ctx, x, keep, scale):
+        ctx.save(keep)
+        ctx.scale = scale
+        return scale_where(x, keep, scale, 0.0)
+
+    def backward(ctx, g):
+        return scale_where(g, ctx.saved[0], ctx.scale, 0.0)
+
+
+def dropout(x, keep, p):
+    """x with the entries where keep is False set to 0 and the others scaled by 1 / (1 - p);
+    keep: a boolean Tensor or array (a host mask is copied to x's device)."""
+    keep = keep.data if isinstance(keep, Tensor) else keep
+    return Dropout.apply(x, keep=backend.xp_of(x.data).asarray(keep), scale=1.0 / (1.0 - p))
