@@ -1,16 +1,14 @@
 """The elementwise primitives: one small Function per op, forward above backward.
 
-Here: arithmetic (Add, Sub, Mul, Div, Neg, Pow), Exp, Log, Sqrt, the activations
-(Activation: any phi of signal.activations.ACTIVATIONS, the one definition the DKS/TAT maths
-use too), the shaped activation of DKS/TAT in one op (Shaped: signal.activations.PhiHat, one
-definition too), and
-selection (Where; its functional spelling where). Each
+Here: arithmetic (Add, Sub, Mul, Div, Neg, Pow), the activations (Activation: any phi of
+signal.activations.ACTIVATIONS, the one definition the DKS/TAT maths use too), and the shaped
+activation of DKS/TAT in one op (Shaped: signal.activations.PhiHat, one definition too). Each
 output entry depends only on the same entry of each (broadcast) input, so each backward is a
 product with a local derivative.
 
 Not here: ops that change shape (reductions, matmul, reshape, indexing, embedding:
 shape_ops.py) and the fused multi-step ops with closed-form backwards (softmax,
-cross-entropy, norms: fused.py). The split is along what a backward has to undo:
+cross-entropy, norms: fused.py), and the dropout op (beyond/dropout.py). The split is along what a backward has to undo:
 nothing but the local derivative here, the shape change there, a whole row's
 normalisation in fused.py.
 
@@ -20,9 +18,8 @@ result; tensor.unbroadcast sums it back to each input's shape, so no op here thi
 broadcasting. Constants are Python floats (never NumPy float64 scalars), so float32 stays
 float32 under NumPy 2's promotion rules.
 """
-from . import backend
 from .signal.activations import ACTIVATIONS
-from .tensor import Function, Tensor
+from .tensor import Function
 
 # ---------------------------------------------------------------- arithmetic
 
@@ -89,35 +86,6 @@ class Pow(Function):
 # ---------------------------------------------------------------- activations
 
 
-class Exp(Function):
-    def forward(ctx, x):
-        y = ctx.xp.exp(x)
-        ctx.save(y)
-        return y
-
-    def backward(ctx, g):
-        return g * ctx.saved[0]
-
-
-class Log(Function):
-    def forward(ctx, x):
-        ctx.save(x)
-        return ctx.xp.log(x)
-
-    def backward(ctx, g):
-        return g / ctx.saved[0]
-
-
-class Sqrt(Function):
-    def forward(ctx, x):
-        y = ctx.xp.sqrt(x)
-        ctx.save(y)
-        return y
-
-    def backward(ctx, g):
-        return g / (2.0 * ctx.saved[0])
-
-
 # Every activation phi is defined once, in nanospa/signal/activations.py (ACTIVATIONS: phi,
 # phi', phi'' as functions of any array module), and so is phi_hat (PhiHat); the DKS/TAT maths
 # read the same definitions: the ops below evaluate them, so the model runs the phi_hat that
@@ -178,31 +146,3 @@ class Shaped(Function):
         if ctx.factors is not None:
             return scale_where(g, ctx.saved[0], *ctx.factors)
         return ctx.h.grad(ctx.saved[0], g, ctx.xp)
-
-
-# ---------------------------------------------------------------- selection
-
-
-class Where(Function):
-    """cond ? a : b, with a boolean array ``cond`` that is not differentiated."""
-
-    def forward(ctx, a, b, cond):
-        ctx.save(cond)
-        return ctx.xp.where(cond, a, b)
-
-    def backward(ctx, g):
-        (cond,) = ctx.saved
-        zero = ctx.xp.zeros((), dtype=g.dtype)
-        return ctx.xp.where(cond, g, zero), ctx.xp.where(cond, zero, g)
-
-
-def where(cond, a, b):
-    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
-        raise TypeError("where: a or b must be a Tensor")
-    return Where.apply(a, b, cond=_condition(cond, a if isinstance(a, Tensor) else b))
-
-
-def _condition(cond, like):
-    """A boolean condition (a Tensor or an array) on ``like``'s device (a host mask is copied)."""
-    cond = cond.data if isinstance(cond, Tensor) else cond
-    return backend.xp_of(like.data).asarray(cond)

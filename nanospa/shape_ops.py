@@ -1,11 +1,11 @@
 """The primitives that change shape: reductions, matrix products, rearrangements, gathers.
 
-Here: Sum, Mean, Max (reduce axes), MatMul (contracts an axis), Reshape and Transpose
-(rearrange entries), GetItem, Concatenate and Embedding (select or join entries), and the
-functional spellings embedding, concatenate and split. Each backward maps the output's
-gradient back to the input's shape: a reduction broadcasts it back over the reduced axes,
-a product multiplies by the other factor transposed, a rearrangement applies the inverse
-rearrangement, a gather scatter-adds (repeated indices sum, via backend.scatter_add).
+Here: Sum, Mean (reduce axes), MatMul (contracts an axis), Reshape and Transpose (rearrange
+entries), GetItem and Embedding (select entries), and the functional spelling embedding.
+Each backward maps the output's gradient back to the input's shape: a reduction broadcasts
+it back over the reduced axes, a product multiplies by the other factor transposed, a
+rearrangement applies the inverse rearrangement, a gather scatter-adds (repeated indices
+sum, via backend.scatter_add).
 
 Not here: elementwise ops, whose backward is a local derivative (functions.py), and the
 fused row-wise ops with closed-form backwards (softmax, cross-entropy, norms: fused.py).
@@ -52,23 +52,6 @@ class Mean(Function):
         return ctx.xp.broadcast_to(_expand(g, shape, axis, keepdims) * (1.0 / ctx.n), shape)
 
 
-class Max(Function):
-    """Maximum over axes; ties share the gradient equally."""
-
-    def forward(ctx, x, axis=None, keepdims=False):
-        out = x.max(axis=axis, keepdims=keepdims)
-        ctx.args = (x.shape, axis, keepdims)
-        ctx.save(x, out)
-        return out
-
-    def backward(ctx, g):
-        x, out = ctx.saved
-        shape, axis, keepdims = ctx.args
-        hit = x == _expand(out, shape, axis, keepdims)
-        count = hit.sum(axis=axis, keepdims=True).astype(g.dtype)
-        return hit * (_expand(g, shape, axis, keepdims) / count)
-
-
 # ---------------------------------------------------------------- matrix product
 
 
@@ -78,12 +61,15 @@ def _rows(x):
 
 
 class MatMul(Function):
-    """Batched, broadcasting a @ b. A batch times a 2-D weight, x (..., n) @ W (n, m), is
-    computed as one (N, n) @ (n, m) product forwards and backwards: one large BLAS call
-    instead of one per batch entry (each call of a threaded BLAS synchronises its threads),
-    and no (batch, n, m) temporary to sum for the weight's gradient."""
+    """Batched, broadcasting a @ b of operands of 2 or more axes (a vector is refused). A
+    batch times a 2-D weight, x (..., n) @ W (n, m), is computed as one (N, n) @ (n, m)
+    product forwards and backwards: one large BLAS call instead of one per batch entry (each
+    call of a threaded BLAS synchronises its threads), and no (batch, n, m) temporary to sum
+    for the weight's gradient."""
 
     def forward(ctx, a, b):
+        if a.ndim < 2 or b.ndim < 2:
+            raise ValueError("a vector operand: reshape it to (1, n) or (n, 1)")
         ctx.save(a, b)
         if b.ndim == 2 and a.ndim > 2:
             return (_rows(a) @ b).reshape(a.shape[:-1] + b.shape[-1:])
@@ -95,16 +81,6 @@ class MatMul(Function):
         if b.ndim == 2 and a.ndim > 2:  # x (..., n) @ W (n, m)
             ga = (_rows(g) @ b.T).reshape(a.shape) if ctx.needs_grad(0) else None
             gb = _rows(a).T @ _rows(g) if ctx.needs_grad(1) else None
-            return ga, gb
-        if a.ndim == 1 or b.ndim == 1:  # vectors: promote, differentiate, squeeze
-            a2 = a[None, :] if a.ndim == 1 else a
-            b2 = b[:, None] if b.ndim == 1 else b
-            g2 = xp.expand_dims(g, -2) if a.ndim == 1 else g
-            g2 = xp.expand_dims(g2, -1) if b.ndim == 1 else g2
-            ga = g2 @ xp.swapaxes(b2, -1, -2)
-            gb = xp.swapaxes(a2, -1, -2) @ g2
-            ga = ga[..., 0, :] if a.ndim == 1 else ga
-            gb = gb[..., :, 0] if b.ndim == 1 else gb
             return ga, gb
         ga = g @ xp.swapaxes(b, -1, -2) if ctx.needs_grad(0) else None
         gb = xp.swapaxes(a, -1, -2) @ g if ctx.needs_grad(1) else None
@@ -139,7 +115,7 @@ class Transpose(Function):
         return g.transpose(inverse)
 
 
-# ---------------------------------------------------------------- selection and joining
+# ---------------------------------------------------------------- selection
 
 
 def _is_advanced(index):
@@ -166,20 +142,6 @@ class GetItem(Function):
         return gx
 
 
-class Concatenate(Function):
-    def forward(ctx, *xs, axis=0):
-        ctx.axis = axis
-        ctx.sizes = [x.shape[axis] for x in xs]
-        return ctx.xp.concatenate(xs, axis=axis)
-
-    def backward(ctx, g):
-        bounds, total = [], 0
-        for n in ctx.sizes[:-1]:
-            total += n
-            bounds.append(total)
-        return tuple(ctx.xp.split(g, bounds, axis=ctx.axis))
-
-
 class Embedding(Function):
     """out[..., :] = W[idx[...], :]; the backward scatter-adds rows (repeated tokens sum)."""
 
@@ -193,32 +155,10 @@ class Embedding(Function):
         return gW
 
 
-# ---------------------------------------------------------------- functional spellings
+# ---------------------------------------------------------------- functional spelling
 
 
 def embedding(W, idx):
     """Rows of W at integer indices idx (a Tensor or an array; not differentiated)."""
     idx = idx.data if isinstance(idx, Tensor) else idx
     return Embedding.apply(W, idx=backend.xp_of(W.data).asarray(idx))
-
-
-def concatenate(tensors, axis=0):
-    return Concatenate.apply(*tensors, axis=axis)
-
-
-def split(x, sizes, axis=0):
-    """Split into pieces of the given sizes (or into ``sizes`` equal pieces if an int)."""
-    n = x.shape[axis]
-    if isinstance(sizes, int):
-        if n % sizes:
-            raise ValueError(f"split: axis {axis} of length {n} does not divide into {sizes} parts")
-        sizes = [n // sizes] * sizes
-    if sum(sizes) != n:
-        raise ValueError(f"split: sizes {list(sizes)} do not add up to {n} (axis {axis} of {x.shape})")
-    out, start = [], 0
-    for s in sizes:
-        index = [slice(None)] * x.ndim
-        index[axis] = slice(start, start + s)
-        out.append(x[tuple(index)])
-        start += s
-    return out

@@ -28,7 +28,7 @@ What happens in ``loss.backward()``:
      first one's forward) is an error, never a silently partial gradient: sum the losses
      and call backward once.
 
-Operator sugar (``+ - * / ** @``, indexing, ``.sum()``, ``.relu()`` ...) is written out
+Operator sugar (``+ - * / ** @``, indexing, ``.sum()``, ``.tanh()`` ...) is written out
 below in terms of the Functions, one line each: no registration by reflection. It imports
 functions.py and shape_ops.py at the bottom of this file, the one import cycle of the
 engine (they need Function and Tensor from here); the fused ops have no sugar.
@@ -240,24 +240,10 @@ class Tensor:
 
     def sum(self, axis=None, keepdims=False): return S.Sum.apply(self, axis=axis, keepdims=keepdims)
     def mean(self, axis=None, keepdims=False): return S.Mean.apply(self, axis=axis, keepdims=keepdims)
-    def max(self, axis=None, keepdims=False): return S.Max.apply(self, axis=axis, keepdims=keepdims)
-    def exp(self): return F.Exp.apply(self)
-    def log(self): return F.Log.apply(self)
-    def sqrt(self): return F.Sqrt.apply(self)
     def tanh(self): return F.Activation.apply(self, name="tanh")
-    def sigmoid(self): return F.Activation.apply(self, name="sigmoid")
-    def relu(self): return F.Activation.apply(self, name="relu")
-    def leaky_relu(self, slope): return F.Activation.apply(self, name="leaky_relu", negative_slope=float(slope))
-    def gelu(self, approximate="tanh"): return F.Activation.apply(self, name=_GELU[approximate])
-    def softplus(self): return F.Activation.apply(self, name="softplus")
-    def elu(self): return F.Activation.apply(self, name="elu")
-    def swish(self): return F.Activation.apply(self, name="swish")
     def reshape(self, *shape): return S.Reshape.apply(self, shape=_shape_arg(shape))
     def transpose(self, *axes): return S.Transpose.apply(self, axes=_shape_arg(axes) or None)
     T = property(lambda self: S.Transpose.apply(self, axes=None))
-
-
-_GELU = {"tanh": "gelu", "none": "gelu_exact"}   # Tensor.gelu(approximate): PyTorch's spelling
 
 
 FREED = ("backward reached a part of the graph that an earlier backward freed (a second backward "

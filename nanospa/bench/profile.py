@@ -26,7 +26,7 @@ from collections import defaultdict
 from .. import backend
 from ..tensor import Function
 
-ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Neg", "Pow", "Exp", "Log", "Sqrt", "Where")
+ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Neg", "Pow")
 KINDS = dict(
     **{name: "elementwise (+ - * / exp ...)" for name in ELEMENTWISE},
     Shaped="activation (phi_hat)", Activation="activation (phi_hat)",
@@ -34,7 +34,7 @@ KINDS = dict(
     CrossEntropy="cross-entropy",
     LayerNorm="norms", RMSNorm="norms", BatchNormOp="norms",
     Reshape="copies and transposes", Transpose="copies and transposes", GetItem="copies and transposes",
-    Concatenate="copies and transposes", Sum="reductions", Mean="reductions", Max="reductions",
+    Sum="reductions", Mean="reductions",
     Embedding="embedding",
 )
 LINEAR, BATCHED = "GEMM: linear layers", "GEMM: attention, batched per head"
