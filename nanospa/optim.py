@@ -61,11 +61,9 @@ class AdamW(Optimizer):
         m <- b1 m + (1-b1) g;   v <- b2 v + (1-b2) g^2
         p <- p - lr * ( m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + wd * p )
     Parameters marked ``no_decay`` (norm gains, biases, SPA biases) get no weight decay.
-    ``lr_scales`` (one number per parameter, default 1) multiplies each parameter's lr, for
-    rules such as muP's width transfer (beyond/optimizers.py); at 1 the update is exactly
-    the plain one. The defaults of betas and eps are Kingma & Ba's."""
+    The defaults of betas and eps are Kingma & Ba's."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, lr_scales=None):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(params, lr)
         self.b1, self.b2 = _check_betas(betas)
         if not (eps > 0 and math.isfinite(eps)):
@@ -73,9 +71,6 @@ class AdamW(Optimizer):
         if not (weight_decay >= 0 and math.isfinite(weight_decay)):
             raise ValueError(f"AdamW: weight_decay must be finite and >= 0, got {weight_decay!r}")
         self.eps, self.weight_decay = eps, weight_decay
-        self.lr_scales = [1.0] * len(self.params) if lr_scales is None else [float(k) for k in lr_scales]
-        if len(self.lr_scales) != len(self.params) or not all(k >= 0 and math.isfinite(k) for k in self.lr_scales):
-            raise ValueError(f"AdamW: lr_scales must be {len(self.params)} finite numbers >= 0, one per parameter")
         self.m = [None] * len(self.params)
         self.v = [None] * len(self.params)
 
@@ -84,14 +79,14 @@ class AdamW(Optimizer):
 
     def step(self):
         self.t += 1
-        adamw_step(self, range(len(self.params)), [self.lr * s for s in self.lr_scales], self.eps)
+        adamw_step(self, range(len(self.params)), self.lr, self.eps)
 
 
 def adamw_step(opt, indices, lrs, eps):
     """AdamW's step t = opt.t on opt.params[i] for i in indices, each at rate lrs[i] (a list
     over all of opt.params, or one rate for all), with opt's moments m, v (made on first use),
-    betas b1, b2 and weight_decay: AdamW itself, and the fallback of K-FAC and Muon for the
-    parameters they do not precondition."""
+    betas b1, b2 and weight_decay: AdamW itself (with muP's rates: beyond/optimizers.py), and
+    the fallback of K-FAC and Muon for the parameters they do not precondition."""
     c1, c2 = 1.0 - opt.b1 ** opt.t, 1.0 - opt.b2 ** opt.t
     for i in indices:
         p = opt.params[i]

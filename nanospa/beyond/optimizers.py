@@ -13,8 +13,13 @@ All follow the same learning-rate schedule and clipping (the caller sets ``.lr``
 step; run/step.py clips the gradients and calls K-FAC's update_curvature between the
 training backward and the clipping).
 
-Not here: the optimisers themselves (optim.py, kfac.py, muon.py), the training step (run/step.py).
+Not here: the optimisers themselves (optim.py, kfac.py, muon.py; AdamW with muP's rates is
+MuPAdamW, below), the training step (run/step.py).
 """
+import math
+
+from ..optim import AdamW, adamw_step
+
 OPTIMIZERS = ("adamw", "kfac", "muon")
 
 # Each key is a --key=value setting of train.py and the experiments; the comment is its --help line.
@@ -85,12 +90,14 @@ def make_optimizer(s, model, seed=0, rank=0, allreduce=None):
     World's allreduce_grads when several ranks train (the factors are averaged over them);
     every rank draws the same sampled targets for the whole batch and uses its share (the
     run does not depend on the number of ranks). ``rank`` is kept for callers; unused."""
-    from ..optim import AdamW
     check_optimizer(s)
     betas = (s["beta1"], s["beta2"])
     if s["optimizer"] == "adamw":       # parameters marked no_decay are never decayed
-        return AdamW(model.parameters(), lr=s["learning_rate"], betas=betas, weight_decay=s["weight_decay"],
-                     lr_scales=mup_lr_scales(model, s.get("mup_base_width", 0)))
+        options = dict(lr=s["learning_rate"], betas=betas, weight_decay=s["weight_decay"])
+        scales = mup_lr_scales(model, s.get("mup_base_width", 0))
+        if scales is None:
+            return AdamW(model.parameters(), **options)
+        return MuPAdamW(model.parameters(), scales, **options)
     from .kfac import KFAC              # the optimisers beyond AdamW: imported when named
     from .muon import Muon
     if s["optimizer"] == "muon":        # every rank alike: the gradients are averaged before the step
@@ -123,3 +130,18 @@ def mup_lr_scales(model, base_width):
             weights.add(id(m.weight))
         todo.extend(child for _, child in m.children())
     return [ratio if id(p) in weights else 1.0 for p in model.parameters()]
+
+
+class MuPAdamW(AdamW):
+    """AdamW with one lr multiplier per parameter (``lr_scales``, mup_lr_scales'): parameter i
+    steps at lr x lr_scales[i]; at 1 everywhere the update is exactly AdamW's."""
+
+    def __init__(self, params, lr_scales, **options):
+        super().__init__(params, **options)
+        self.lr_scales = [float(k) for k in lr_scales]
+        if len(self.lr_scales) != len(self.params) or not all(k >= 0 and math.isfinite(k) for k in self.lr_scales):
+            raise ValueError(f"MuPAdamW: lr_scales must be {len(self.params)} finite numbers >= 0, one per parameter")
+
+    def step(self):
+        self.t += 1
+        adamw_step(self, range(len(self.params)), [self.lr * s for s in self.lr_scales], self.eps)
