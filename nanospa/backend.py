@@ -78,11 +78,6 @@ def bind_thread():
         _cp.cuda.Device(_device_id).use()
 
 
-def device():
-    """The current device: "cpu" or "cuda"."""
-    return _device
-
-
 def xp():
     """The array module of the current device."""
     return _cp if _device == "cuda" else np

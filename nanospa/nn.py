@@ -12,10 +12,10 @@ otherwise; only Dropout and the layers whose statistics come from the batch
 (nanospa/beyond/norms.py) read the flag.
 
 Here: Parameter, Module, orthogonal (the Haar-random matrix of the SPA initialisation),
-Linear, Embedding, Dropout (its masks' generator and its op: beyond/dropout.py), LayerNorm, RMSNorm. Not here: DyT, the batch-statistics norms and
-GroupNorm (beyond/norms.py), the ops these layers call
-(functions.py, shape_ops.py, fused.py), and the attention and MLP blocks with their
-signal-propagation initialisation, which model.py writes over the default weights.
+Linear, Embedding, Dropout (its masks' generator and its op: beyond/dropout.py), LayerNorm,
+RMSNorm. Not here: DyT, the batch-statistics norms and GroupNorm (beyond/norms.py), the ops
+these layers call (functions.py, shape_ops.py, fused.py), and the attention and MLP blocks
+with their signal-propagation initialisation, which model.py writes over the default weights.
 """
 import contextlib
 
@@ -46,9 +46,7 @@ class Module:
 
     def train(self, mode=True):
         """Training mode (mode=True) or evaluation mode on this module and every sub-module;
-        returns self. Dropout drops only in training mode; BatchNorm and PRepBN use batch
-        statistics in training mode and running statistics in evaluation mode; every other
-        layer ignores the flag."""
+        returns self (which layers read the flag: the module docstring)."""
         object.__setattr__(self, "training", bool(mode))
         for _, child in self.children():
             child.train(mode)
