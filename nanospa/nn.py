@@ -162,21 +162,17 @@ def orthogonal(rng, n_in, n_out, scale=1.0):
 
 class Linear(Module):
     """y = x W (+ b), W of shape (in, out), no bias by default. Default init N(0, 1/in);
-    models overwrite ``weight`` with their own initialisation (see model.py). ``capture``
-    is None unless a K-FAC optimiser registered the layer (kfac.KFAC): then forward hands
-    it (x, y) and uses what it returns, y itself outside K-FAC's curvature pass."""
+    models overwrite ``weight`` with their own initialisation (see model.py). (A K-FAC
+    optimiser swaps in its own forward: beyond/kfac.py _RegisteredLinear.)"""
 
     def __init__(self, n_in, n_out, bias=False, rng=None, dtype="float32"):
         super().__init__()
         rng = rng if rng is not None else np.random.default_rng(DEFAULT_SEED)
         self.weight = Parameter(rng.standard_normal((n_in, n_out)) / np.sqrt(n_in), dtype=dtype)
         self.bias = Parameter(np.zeros(n_out), dtype=dtype, no_decay=True) if bias else None
-        self.capture = None  # set only by a K-FAC optimiser (nanospa.beyond.kfac): sees x and dL/dy
 
     def forward(self, x):
         y = x @ self.weight  # (..., in) @ (in, out) -> (..., out)
-        if self.capture is not None:  # the one cost on the AdamW path: this attribute check
-            y = self.capture(x, y)
         return y + self.bias if self.bias is not None else y
 
 

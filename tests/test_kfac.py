@@ -414,14 +414,15 @@ def tap_nodes(t):
 
 
 def test_training_pass_records_nothing_and_curvature_leaves_grad_alone():
-    """Without K-FAC every Linear's capture is None (AdamW pays one attribute check); with it,
-    the training graph has no taps; the curvature pass does not touch .grad."""
+    """Without K-FAC every Linear is a plain nn.Linear (AdamW pays nothing); with it, the
+    training graph has no taps; the curvature pass does not touch .grad."""
     cfg = tiny_config()
     x, y = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(2, 2, cfg.block_size))
     model = GPT(cfg, seed=0)
-    assert all(lin.capture is None for _, lin in kfac.linears(model))
+    assert all(type(lin) is Linear for _, lin in kfac.linears(model))
     assert tap_nodes(model(x, y)[1]) == 0
     opt = KFAC(model)
+    assert all(type(lin) is kfac._RegisteredLinear for _, lin in kfac.linears(model))
     loss = model(x, y)[1]
     assert tap_nodes(loss) == 0
     loss.backward()

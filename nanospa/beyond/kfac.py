@@ -20,9 +20,10 @@ learning rate lr * adam_lr_ratio. The caller does, per step: backward of the tra
 loss (as for AdamW), ``update_curvature(x, y)`` (one extra forward and backward on a
 slice of the batch, which leaves ``.grad`` alone), clipping, ``step()``.
 
-The engine side is one attribute: the optimiser sets ``linear.capture`` to a _Capture;
-Linear.forward calls it (nn.py) only when it is not None. The capture records only inside
-a curvature pass (a thread-local flag), so the training pass under K-FAC records nothing.
+The engine has no hook: the optimiser makes each of the model's Linears a _RegisteredLinear
+(its class swapped in place: same parameters, same names) whose forward hands (x, x W) to
+its _Capture. The capture records only inside a curvature pass (a thread-local flag), so
+the training pass under K-FAC records nothing.
 
 Not here: the learning-rate schedule and gradient clipping (optim.py, applied by the
 caller exactly as for AdamW), the training loop (train.py), MPI (``allreduce`` is a hook).
@@ -93,8 +94,17 @@ class _Sums:
         self.rows += other.rows
 
 
+class _RegisteredLinear(Linear):
+    """A Linear that a K-FAC optimiser registered (KFAC.__init__ sets its class and its
+    ``capture``): nn.Linear's forward, with x W handed to the capture before the bias."""
+
+    def forward(self, x):
+        y = self.capture(x, x @ self.weight)  # (..., in) @ (in, out) -> (..., out)
+        return y + self.bias if self.bias is not None else y
+
+
 class _Capture:
-    """What a registered Linear calls in forward (nn.Linear.capture)."""
+    """What a registered Linear calls in forward (_RegisteredLinear.capture)."""
     __slots__ = ("local", "key")
 
     def __init__(self, local, key):
@@ -214,6 +224,9 @@ class KFAC:
         for name, layer in linears(model):
             b = index[id(layer.bias)] if layer.bias is not None else None
             self.blocks.append(_Block(name, index[id(layer.weight)], b))
+            if type(layer) not in (Linear, _RegisteredLinear):   # a subclass's own forward would be lost
+                raise TypeError(f"K-FAC: {name} is a {type(layer).__name__}, not an nn.Linear")
+            layer.__class__ = _RegisteredLinear
             layer.capture = _Capture(self._local, len(self.blocks) - 1)  # the newest K-FAC owns it
         in_blocks = {i for blk in self.blocks for i in (blk.w, blk.b) if i is not None}
         self.fallback = [i for i in range(len(self.params)) if i not in in_blocks]
