@@ -10,7 +10,7 @@ initialisation (docs/adding_a_variant.md), and one row of EXTENSIONS:
     norm                     dyt, batchnorm, prepbn, groupnorm: norms.py
     residual                 deepnorm: schemes.py; ngpt: ngpt.py (its own block, embedding, head)
     evaluation (of softmax)  by blocks at long T: blockwise.py; RealFormer's carried scores: schemes.py
-    dropout's masks          nanoGPT's dropout (nn.Dropout's generator): dropout.py
+    dropout's masks          nanoGPT's dropout (nn.Dropout's generator and op): dropout.py
     optimiser                K-FAC: kfac.py; Muon: muon.py; muP's rates: optimizers.py
 
     variant(field, name)     an extension's class, imported on demand
