@@ -162,8 +162,8 @@ def test_the_table_is_read_and_a_wrong_row_fails(places):
     assert wrong_places(places, "signal/attn_bias.py", "realise", ["model", "predictions"]) == \
         ["named model but does not run there"]
     assert wrong_places(places, "signal/maps.py", "attention_map", ["predictions"]) == ["runs in plan too"]
-    assert wrong_places(places, "signal/attn_bias.py", "espa_attention_reference", ["tests"]) == []
-    assert not places["model"].ran("signal/attn_bias.py", "espa_attention_reference")
+    assert wrong_places(places, "signal/cholesky.py", "espa_attention_reference", ["tests"]) == []
+    assert not places["model"].ran("signal/cholesky.py", "espa_attention_reference")
 
 
 def chain(place_of_call, target):

@@ -7,7 +7,6 @@ gamma_l, rho_l, activation targets); a model configuration is read by duck typin
 imported. Reading order:
 
 kernels.py        kernels, rank-collapse measures, SPA targets and schedules (§3, §4, §6, §7)
-cholesky.py       checked Cholesky, the general transfer matrix, non-causal variant (§5, §9)
 attn_bias.py      E-SPA / U-SPA closed forms in log space, B_l and D_l, A = diag(D) softmax(B) (§6-§8)
 activations.py    the base activations, their derivatives, and phi_hat itself (PhiHat)
 qc_maps.py        quadrature and the Q/C maps of an activation (docs/activations.md §2, §8)
@@ -18,7 +17,9 @@ maps.py           the wide-limit kernel map of each sublayer (§3.2, §10)
 plan.py           the plan: the schedule and the activation's targets, one plain value
 
 Read second, nanospa's own idea: the kernel budget that chooses the plan by default
-(budget.py, walks.py; docs/kernel_budget.md). table.py formats what `python -m nanospa.signal`
+(budget.py, walks.py; docs/kernel_budget.md); and the dense references the tests hold the
+closed forms to (cholesky.py: checked Cholesky, the general transfer matrix, E-SPA's A_l
+entry by entry, the non-causal variant; §5, §7.2, §9). table.py formats what `python -m nanospa.signal`
 prints. The maths of the schemes beyond the paper is in beyond/ (positions in the logits, the
 norm family, DeepNorm's and nGPT's constants, the budget's other policies); nothing here
 imports it until a configuration names one. The walk through a whole model (the kernels it
@@ -28,11 +29,10 @@ from .kernels import (kernel_matrix, q_values, normalised_kernel, mean_offdiag, 
                       min_entry, effective_rank, kernel_stats, espa_kernel, uspa_kernel,
                       spa_kernel, espa_gammas, uspa_rhos, spa_schedule, uniform_causal_attention,
                       value_skipinit_attention)
-from .cholesky import (checked_cholesky, transfer_matrix, sym_sqrt, noncausal_attention,
-                       check_attention)
+from .cholesky import (checked_cholesky, transfer_matrix, espa_attention_reference, sym_sqrt,
+                       noncausal_attention, check_attention)
 from .attn_bias import (espa_bias, uspa_bias, bias_block, layer_bias, dense_layer_bias,
-                        espa_attention,
-                        espa_attention_reference, uspa_attention, spa_matrix, rescale, realise,
+                        espa_attention, uspa_attention, spa_matrix, rescale, realise,
                         log_attention_from, bias_and_rescale)
 from .activations import LEAKY_RELU_SLOPE
 from .qc_maps import q_map, c_map

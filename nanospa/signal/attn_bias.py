@@ -8,8 +8,9 @@ One source per kind: ``espa_bias`` and ``uspa_bias`` turn a layer's schedule val
 the O(T) "parts" of its B_l and D_l, and ``bias_block`` generates any block of B_l from them
 (the whole square for a dense B_l, one (query, key) block at a time for the blockwise
 attention). ``layer_bias(plan, l)`` gives block l of a model its (parts, D_l): the model,
-the predictions and the command line all call it (dense_layer_bias: B_l as a matrix). ``espa_attention_reference`` is §7.2
-written out entry by entry, the dense reference the tests hold the O(T) form to.
+the predictions and the command line all call it (dense_layer_bias: B_l as a matrix). The dense
+references the tests hold these to (§5's general transfer matrix, §7.2's A_l entry by entry)
+are in cholesky.py.
 
 Notation (docs/method.md §1, §7.2, §8)
 
@@ -42,8 +43,8 @@ def _check_order(name, value, prev, increasing):
 
 def espa_bias(T, gamma, gamma_prev):
     """E-SPA's B_l and D_l (method §7.2, §8) as O(T) parts, from the closed form of
-    A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 in log space (espa_attention_reference below
-    writes the same A_l out entry by entry; read it first):
+    A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 in log space (cholesky.espa_attention_reference
+    writes the same A_l out entry by entry, with exp):
 
         A_1 (gamma_prev = inf): A[i, 0] = e^{-g i}, A[i, j] = a e^{-g (i-j)}     (1 <= j <= i)
         A_l, l >= 2: A[0, 0] = 1, A[i, i] = r, A[i, 0] = (e^{-g} - r e^{-g_prev}) e^{-g (i-1)},
@@ -115,23 +116,6 @@ def espa_attention(T, gamma, gamma_prev):
     p = dict(espa_bias(T, gamma, gamma_prev), lse=np.zeros(check_T(T)))
     with np.errstate(under="ignore"):
         return flush(np.exp(bias_block(p, 0, T, 0, T)))
-
-
-def espa_attention_reference(T, gamma, gamma_prev):
-    """A_l of E-SPA written entry by entry from docs/method.md §7.2, in float64 with exp (it
-    underflows where espa_bias does not: a reference for small T, for the tests)."""
-    A = np.zeros((T, T))
-    a = np.sqrt(1 - np.exp(-2 * gamma))
-    for i in range(T):
-        for j in range(i + 1):
-            if np.isinf(gamma_prev):                                            # layer 1
-                A[i, j] = np.exp(-gamma * i) if j == 0 else a * np.exp(-gamma * (i - j))
-            else:
-                r = a / np.sqrt(1 - np.exp(-2 * gamma_prev))
-                A[i, j] = (1.0 if i == 0 else r if i == j else
-                           (np.exp(-gamma) - r * np.exp(-gamma_prev)) * np.exp(-gamma * (i - 1)) if j == 0 else
-                           r * (np.exp(-gamma) - np.exp(-gamma_prev)) * np.exp(-gamma * (i - j - 1)))
-    return A
 
 
 # ---------------------------------------------------------------- U-SPA (method §6)

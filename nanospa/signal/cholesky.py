@@ -1,7 +1,9 @@
-"""Checked Cholesky factors and the general SPA transfer matrix.
+"""Checked Cholesky factors and the general SPA transfer matrix: the dense references the
+closed forms of attn_bias.py are checked against (only the tests run this file; read second).
 
 Implements docs/method.md §5 (general recipe A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1),
-§9 (non-causal variant with symmetric square roots) and the construction checks of §14.
+§7.2's E-SPA A_l written out entry by entry, §9 (non-causal variant with symmetric square
+roots) and the construction checks of §14.
 Float64 NumPy only; no explicit inverses (triangular systems are solved with
 np.linalg.solve on the transposed system) and no silent jitter: a kernel that is not
 positive definite raises ValueError with its minimum eigenvalue. Closed forms for
@@ -61,6 +63,23 @@ def transfer_matrix(Sigma_prev, Sigma_next):
     # L_prev^T is upper triangular, so the LU inside solve never pivots and the entries
     # above the diagonal come out as exact zeros; tril only makes that explicit.
     return np.tril(A)
+
+
+def espa_attention_reference(T, gamma, gamma_prev):
+    """A_l of E-SPA written entry by entry from docs/method.md §7.2, in float64 with exp (it
+    underflows where espa_bias does not: a reference for small T, for the tests)."""
+    A = np.zeros((T, T))
+    a = np.sqrt(1 - np.exp(-2 * gamma))
+    for i in range(T):
+        for j in range(i + 1):
+            if np.isinf(gamma_prev):                                            # layer 1
+                A[i, j] = np.exp(-gamma * i) if j == 0 else a * np.exp(-gamma * (i - j))
+            else:
+                r = a / np.sqrt(1 - np.exp(-2 * gamma_prev))
+                A[i, j] = (1.0 if i == 0 else r if i == j else
+                           (np.exp(-gamma) - r * np.exp(-gamma_prev)) * np.exp(-gamma * (i - 1)) if j == 0 else
+                           r * (np.exp(-gamma) - np.exp(-gamma_prev)) * np.exp(-gamma * (i - j - 1)))
+    return A
 
 
 def sym_sqrt(S, power=0.5):
