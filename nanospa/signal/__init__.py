@@ -23,9 +23,9 @@ walks.py          docs/kernel_budget.md) and the walk it is solved on
 collapse.py       rank collapse at init: the measures of a kernel, standard attention at init,
                   the mean field of softmax attention (§3.4, §4), which the predictions, the
                   table and the measurements read
-cholesky.py       the dense references the tests hold the closed forms to: checked Cholesky,
-                  the general transfer matrix, E-SPA's A_l entry by entry, the non-causal
-                  variant (§5, §7.2, §9)
+cholesky.py       SPA in general, the dense references the tests hold the closed forms to:
+                  checked Cholesky, the general transfer matrix and its B_l and D_l, E-SPA's
+                  A_l entry by entry, the non-causal variant (§5, §7.2, §8, §9)
 
 table.py formats what `python -m nanospa.signal` prints. The maths of the schemes beyond the paper is in beyond/ (positions in the logits, the
 norm family, DeepNorm's and nGPT's constants, the budget's other policies); nothing here
@@ -35,10 +35,9 @@ predicts at init) is nanospa/predict.py: it reads the model's variants, which li
 from .kernels import (kernel_matrix, q_values, normalised_kernel, espa_kernel, uspa_kernel,
                       spa_kernel, espa_gammas, uspa_rhos, spa_schedule)
 from .cholesky import (checked_cholesky, transfer_matrix, espa_attention_reference, sym_sqrt,
-                       noncausal_attention, check_attention)
+                       noncausal_attention, check_attention, log_attention_from, bias_and_rescale)
 from .attn_bias import (espa_bias, uspa_bias, bias_block, layer_bias, dense_layer_bias,
-                        espa_attention, uspa_attention, spa_matrix, rescale, realise,
-                        log_attention_from, bias_and_rescale)
+                        espa_attention, uspa_attention, spa_matrix, rescale, realise)
 from .activations import LEAKY_RELU_SLOPE
 from .qc_maps import q_map, c_map
 from .act_transform import activation_transform, shaped_activation_names

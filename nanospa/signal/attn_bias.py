@@ -10,7 +10,7 @@ the O(T) "parts" of its B_l and D_l, and ``bias_block`` generates any block of B
 attention). ``layer_bias(plan, l)`` gives block l of a model its (parts, D_l): the model,
 the predictions and the command line all call it (dense_layer_bias: B_l as a matrix). The dense
 references the tests hold these to (§5's general transfer matrix, §7.2's A_l entry by entry)
-are in cholesky.py.
+and §8's split of a general A_l are in cholesky.py.
 
 Notation (docs/method.md §1, §7.2, §8)
 
@@ -216,36 +216,7 @@ def bias_block(parts, i0, i1, j0, j1, dtype=np.float64, out=None, xp=np):
     return out
 
 
-# ---------------------------------------------------------------- generic (method §5, §8)
-
-def log_attention_from(A, neg_rtol=NEG_RTOL):
-    """log A of a non-negative lower-triangular (T, T) A, -inf above the diagonal and at
-    exact zeros. Entries above the diagonal must be 0; entries in [-neg_rtol max|A|, 0)
-    are rounding and become -inf; anything more negative raises ValueError."""
-    A = np.asarray(A, dtype=np.float64)
-    if A.ndim != 2 or A.shape[0] != A.shape[1]:
-        raise ValueError(f"A must be a square (T, T) matrix, got shape {A.shape}")
-    upper = np.triu(A, 1)
-    if np.any(upper != 0):
-        raise ValueError(f"A is not lower triangular: max |A[i, j>i]| = {np.abs(upper).max():.3g}")
-    if A.min() < -neg_rtol * np.abs(A).max():
-        raise ValueError(f"A has a negative entry {A.min():.3g}; softmax cannot realise it")
-    with np.errstate(divide="ignore"):
-        return np.log(np.maximum(A, 0.0))
-
-
-def bias_and_rescale(logA):
-    """Split A = diag(D) softmax(B) (method §8) for a general log A: lse_i = logsumexp_j
-    logA[i, j], B = logA - lse (entries <= 0, -inf above the diagonal), D = exp(lse) (row
-    sums). Every row needs a finite entry (the diagonal of a SPA matrix always is). The
-    closed forms above do the same for E-SPA and U-SPA without a row reduction."""
-    logA = np.asarray(logA, dtype=np.float64)
-    m = logA.max(axis=1, keepdims=True)                         # (T, 1)
-    if not np.all(np.isfinite(m)):
-        raise ValueError("bias_and_rescale: every row of logA needs a finite entry")
-    lse = m + np.log(np.exp(logA - m).sum(axis=1, keepdims=True))
-    return logA - lse, np.exp(lse[:, 0])
-
+# ---------------------------------------------------------------- realising A_l (method §8)
 
 def rescale(X, D):
     """diag(D_l) X: row i (position i) of X scaled by D_l[i] (method §8). X: (..., T, k),

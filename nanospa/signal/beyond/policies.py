@@ -19,7 +19,8 @@ targets are solved on (walks.py). Notation as in budget.py.
 """
 import numpy as np
 
-from ..attn_bias import bias_and_rescale, log_attention_from, spa_matrix
+from ..attn_bias import spa_matrix
+from ..cholesky import bias_and_rescale, log_attention_from
 from ..kernels import flush, spa_kernel
 from ..maps import attention_map
 from ..walks import WalkMaps
