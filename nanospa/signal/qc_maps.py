@@ -34,7 +34,7 @@ from numpy.polynomial.legendre import leggauss
 
 from .activations import PhiHat, base_name
 
-__all__ = ["gauss_rule", "bivariate", "q_map", "c_map", "LocalMaps", "local_cmap",
+__all__ = ["gauss_rule", "bivariate", "q_map", "c_map", "LocalMaps",
            "lrelu_beta", "alpha_of_beta", "lrelu_cmap_beta", "lrelu_cmap"]
 
 _GH_NODES = 160          # Gauss-Hermite nodes (per axis) for smooth means: ~1e-14 here (§8)
@@ -320,8 +320,3 @@ class LocalMaps:
                 qi, qj = q[idx[:-1]], q[idx[:-2] + (j,)]
                 out[idx] = out[idx[:-2] + (j, i)] = bivariate(self._h, qi, qj, rho[idx])
         return out
-
-
-def local_cmap(phi):
-    """LocalMaps (C, Q and the full kernel map) of an ActivationTransform or activation name."""
-    return LocalMaps(phi)
