@@ -19,7 +19,7 @@ plan.py           the plan: the schedule and the activation's targets, one plain
 Read second:
 
 budget.py         the kernel budget that chooses the plan by default (nanospa's own idea;
-walks.py          docs/kernel_budget.md) and the walk it is solved on
+walks.py          docs/kernel_budget.md) and the walk it is solved on, with A_l as a dense matrix
 collapse.py       rank collapse at init: the measures of a kernel, standard attention at init,
                   the mean field of softmax attention (§3.4, §4), which the predictions, the
                   table and the measurements read
@@ -36,8 +36,7 @@ from .kernels import (kernel_matrix, q_values, normalised_kernel, espa_kernel, u
                       spa_kernel, espa_gammas, uspa_rhos, spa_schedule)
 from .cholesky import (checked_cholesky, transfer_matrix, espa_attention_reference, sym_sqrt,
                        noncausal_attention, check_attention, log_attention_from, bias_and_rescale)
-from .attn_bias import (espa_bias, uspa_bias, bias_block, layer_bias, dense_layer_bias,
-                        espa_attention, uspa_attention, spa_matrix, rescale, realise)
+from .attn_bias import espa_bias, uspa_bias, bias_block, layer_bias, dense_layer_bias, rescale, realise
 from .activations import LEAKY_RELU_SLOPE
 from .qc_maps import q_map, c_map
 from .act_transform import activation_transform, shaped_activation_names
@@ -46,4 +45,5 @@ from .maps import MLPMap, attention_map
 from .collapse import (mean_offdiag, min_entry, effective_rank, kernel_stats, uniform_causal_attention,
                        value_skipinit_attention, softmax_attention_map)
 from .plan import Plan, activation_spec, split_activation
+from .walks import espa_attention, uspa_attention, spa_matrix
 from .budget import make_plan, BUDGETS, DEFAULT_BUDGET

@@ -1,4 +1,5 @@
-"""SPA attention matrices in closed form, and their softmax realisation A = diag(D) softmax(B).
+"""SPA attention matrices in closed form, as the bias B_l and rescaling D_l of their softmax
+realisation A = diag(D) softmax(B).
 
 Implements docs/method.md §6 (U-SPA), §7.2 (E-SPA closed form in log space) and §8 (bias
 B_l and location-dependent rescaling D_l), with the numerics of §14. Everything is float64
@@ -10,7 +11,8 @@ the O(T) "parts" of its B_l and D_l, and ``bias_block`` generates any block of B
 attention). ``layer_bias(plan, l)`` gives block l of a model its (parts, D_l): the model,
 the predictions and the command line all call it (dense_layer_bias: B_l as a matrix). The dense
 references the tests hold these to (§5's general transfer matrix, §7.2's A_l entry by entry)
-and §8's split of a general A_l are in cholesky.py.
+and §8's split of a general A_l are in cholesky.py; A_l itself as a dense matrix, which the
+kernel budget's walk multiplies kernels by, in walks.py.
 
 Notation (docs/method.md §1, §7.2, §8)
 
@@ -110,14 +112,6 @@ def _toeplitz_block(u, c, shift, i0, i1, j0, j1, out=None, dtype=np.float64, xp=
     return out
 
 
-def espa_attention(T, gamma, gamma_prev):
-    """A_l of E-SPA, dense (T, T) float64: exp of log A from espa_bias (its parts with a zero
-    row normaliser), entries below kernels.TINY flushed to 0."""
-    p = dict(espa_bias(T, gamma, gamma_prev), lse=np.zeros(check_T(T)))
-    with np.errstate(under="ignore"):
-        return flush(np.exp(bias_block(p, 0, T, 0, T)))
-
-
 # ---------------------------------------------------------------- U-SPA (method §6)
 
 def _uspa_factors(T, rho):
@@ -180,14 +174,6 @@ def _uspa_block(p, i0, i1, j0, j1, xp=np):
     return A
 
 
-def uspa_attention(T, rho, rho_prev):
-    """A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 for U-SPA in closed form (uspa_bias), dense
-    (T, T) float64. The difference phi - psi makes tiny entries accurate to about 1e-16
-    absolute, not relative: entries rounding made negative are set to 0, those below
-    kernels.TINY flushed to 0."""
-    return flush(np.maximum(_uspa_block(uspa_bias(T, rho, rho_prev), 0, T, 0, T), 0.0))
-
-
 # ---------------------------------------------------------------- blocks of B (O(T) state)
 
 def bias_block(parts, i0, i1, j0, j1, dtype=np.float64, out=None, xp=np):
@@ -239,16 +225,6 @@ def realise(B, D, T=None):
 
 
 # ---------------------------------------------------------------- per layer
-
-def spa_matrix(kind, T, value, value_prev):
-    """The attention-only SPA A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 of kind "espa" (value =
-    gamma_l) or "uspa" (rho_l) in closed form, (T, T) float64."""
-    if kind == "espa":
-        return espa_attention(T, value, value_prev)
-    if kind == "uspa":
-        return uspa_attention(T, value, value_prev)
-    raise ValueError(f"kind must be 'espa' or 'uspa', got {kind!r}")
-
 
 def layer_bias(plan, l, T=None):
     """(parts, D_l) of block l (1-based) of a kernel-budget plan (budget.make_plan) for the
