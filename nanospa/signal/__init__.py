@@ -20,6 +20,8 @@ Read second:
 
 budget.py         the kernel budget that chooses the plan by default (nanospa's own idea;
 walks.py          docs/kernel_budget.md) and the walk it is solved on, with A_l as a dense matrix
+local_maps.py     the MLP's kernel map of a whole kernel (Hermite series; §10), which the
+                  predictions and the budget's walk run through maps.MLPMap
 collapse.py       rank collapse at init: the measures of a kernel, standard attention at init,
                   the mean field of softmax attention (§3.4, §4), which the predictions, the
                   table and the measurements read

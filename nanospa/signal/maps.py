@@ -24,7 +24,7 @@ import numpy as np
 
 from .act_transform import activation_transform
 from .kernels import flush, normalised_kernel
-from .qc_maps import LocalMaps
+from .local_maps import LocalMaps
 
 
 def attention_map(Sigma, A):
