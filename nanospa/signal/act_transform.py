@@ -26,8 +26,8 @@ Notation (docs/activations.md §1-§2)
                  alpha_r^2 + beta_r^2 = 1 (`residual_beta` = beta_r)
 
 DKS for a smooth phi (the paper's DKS-GeLU): damped Newton on the per-layer conditions
-from dks's start order (§12); DKS leaky ReLU: closed form (§3); TAT leaky ReLU: bisection on
-beta (§5). TAT for a smooth phi (§4) and sigmoid (solved as tanh, §10), which the paper's
+from dks's start order (§12); TAT leaky ReLU: bisection on beta (§5). DKS leaky ReLU (closed
+form, §3), TAT for a smooth phi (§4) and sigmoid (solved as tanh, §10), which the paper's
 models do not use, are in signal/beyond/activations.py, imported when one is asked for.
 Solutions are cached. The result, ActivationTransform, holds the parameters and their phi_hat.
 
@@ -46,8 +46,7 @@ from types import MappingProxyType
 import numpy as np
 
 from .activations import PARAM_KEYS, PhiHat, base_name
-from .depth_targets import (DEFAULT_TARGETS, chain_c0, check_depth, check_residual_beta, per_layer_targets,
-                            subnet_max)
+from .depth_targets import DEFAULT_TARGETS, chain_c0, check_depth, check_residual_beta, per_layer_targets
 from .qc_maps import alpha_of_beta, gauss_rule
 
 __all__ = [
@@ -71,8 +70,6 @@ _NUM_STARTS = 50
 _START_SEED = 123
 
 _RELU_BETA = 1.0 / math.pi   # beta of plain ReLU (alpha = 0): the largest beta, §5
-_DKS_LRELU_TOP = math.pi / (math.pi - 1.0)   # C'(1) = 1/(1 - beta) of the centred ReLU: the
-                                             # bound on a DKS leaky-ReLU per-layer C'(1), §3
 _BISECT_WIDTH = 1e-17        # bisection on beta stops below this width (or at float spacing)
 _SOLVE_CACHE = 256           # solved transforms kept by _solve
 
@@ -251,26 +248,16 @@ def activation_transform(activation, method, depth=None, *, zeta=None, eta=None,
 
 @functools.lru_cache(maxsize=_SOLVE_CACHE)
 def _solve(name, method, L, target, rb):
-    if name == "sigmoid" or (method == "tat" and name != "leaky_relu"):   # beyond the paper's (§4, §10)
+    if name == "sigmoid" or (method == "tat") != (name == "leaky_relu"):   # beyond DKS-GeLU, TAT-LReLU
         return importlib.import_module("nanospa.signal.beyond.activations").solve(name, method, L, target, rb)
     res_txt = "" if rb is None else f", residual_beta={rb}"
-    if method == "dks":
+    if method == "dks":                                        # smooth phi: Newton, §3, §12
         key, local = {"zeta": target}, per_layer_targets("dks", L, zeta=target, residual_beta=rb)
         loc = {"q_slope_1": 1.0, "c_val_0": 0.0, "c_slope_1": local}
-        if name == "leaky_relu":                               # closed form, §3
-            if not local < _DKS_LRELU_TOP:
-                bound = subnet_max(1.0, lambda x: _DKS_LRELU_TOP * x, L, rb)
-                raise ValueError(f"zeta={target} is unreachable for leaky_relu with DKS at depth "
-                                 f"{L}{res_txt}: zeta must stay below {bound:.6f} (plain ReLU)")
-            al = float(alpha_of_beta(1.0 - 1.0 / local))
-            params = dict(negative_slope=al, output_shift=-(1.0 - al) / math.sqrt(2.0 * math.pi),
-                          output_scale=1.0 / math.sqrt(0.5 * (1.0 + al * al)
-                                                       - (1.0 - al) ** 2 / (2.0 * math.pi)))
-        else:
-            params = _solve_dks_smooth(name, local)
-            if params is None:
-                raise ValueError(f"DKS found no root for {name} with zeta={target} at depth {L}"
-                                 f"{res_txt} (per-layer C'(1)={local:.6g})")
+        params = _solve_dks_smooth(name, local)
+        if params is None:
+            raise ValueError(f"DKS found no root for {name} with zeta={target} at depth {L}"
+                             f"{res_txt} (per-layer C'(1)={local:.6g})")
     else:                                                      # TAT leaky ReLU: bisection on beta, §5
         key = {"eta": target}
         top = chain_c0(_RELU_BETA, L, rb)                      # plain ReLU: the largest C_f(0)

@@ -1,12 +1,13 @@
 """The activations beyond the paper's and the DKS/TAT solver paths its models do not use
-(docs/activations.md §4, §9, §10). The paper's models use DKS-GeLU, TAT leaky ReLU, plain
+(docs/activations.md §3, §4, §9, §10). The paper's models use DKS-GeLU, TAT leaky ReLU, plain
 GeLU and plain sigmoid (docs/activations.md), which never load this file.
 
     gelu_exact, tanh, softplus, elu, swish   phi, phi', phi'' (conventions of activations.py):
                            entries of activations.ACTIVATIONS, which imports this file the
                            first time one of them is looked up
-    solve                  act_transform's solve for TAT with a smooth phi (§4) and for sigmoid
-                           under DKS or TAT (solved as tanh, then rewritten: §10)
+    solve                  act_transform's solve for DKS leaky ReLU (closed form, §3), TAT with a
+                           smooth phi (§4) and sigmoid under DKS or TAT (solved as tanh, then
+                           rewritten: §10)
 """
 import importlib
 import math
@@ -15,11 +16,14 @@ import numpy as np
 
 from ..act_transform import _first_root, _local, _make, _solve
 from ..activations import BaseActivation, _d1_sigmoid, _one, array_module, sigmoid
-from ..depth_targets import per_layer_targets
+from ..depth_targets import per_layer_targets, subnet_max
+from ..qc_maps import alpha_of_beta
 
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)           # Phi(x) = (1 + erf(x / sqrt 2)) / 2
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)   # normal pdf at 0
 _TAT_MAX_GAIN = 2.0          # dks's guard: TAT roots need input_scale * output_scale < 2 (§4)
+_DKS_LRELU_TOP = math.pi / (math.pi - 1.0)   # C'(1) = 1/(1 - beta) of the centred ReLU: the
+                                             # bound on a DKS leaky-ReLU per-layer C'(1), §3
 
 
 # ------------------------------------------------------------------ base activations
@@ -135,14 +139,26 @@ def _tanh_to_sigmoid(p):
 
 def solve(name, method, L, target, rb):
     """act_transform's cached solve for what the paper's models do not use: sigmoid, the tanh
-    transform rewritten (§10), and TAT for a smooth phi (§4)."""
+    transform rewritten (§10), DKS leaky ReLU in closed form (§3), and TAT for a smooth phi (§4)."""
     if name == "sigmoid":
         t = _solve("tanh", method, L, target, rb)
         return _make(name, method, L, _tanh_to_sigmoid(t.params), t.targets, t.local_targets, rb)
+    res_txt = "" if rb is None else f", residual_beta={rb}"
+    if method == "dks":                                        # leaky_relu: closed form, §3
+        local = per_layer_targets("dks", L, zeta=target, residual_beta=rb)
+        if not local < _DKS_LRELU_TOP:
+            bound = subnet_max(1.0, lambda x: _DKS_LRELU_TOP * x, L, rb)
+            raise ValueError(f"zeta={target} is unreachable for leaky_relu with DKS at depth "
+                             f"{L}{res_txt}: zeta must stay below {bound:.6f} (plain ReLU)")
+        al = float(alpha_of_beta(1.0 - 1.0 / local))
+        params = dict(negative_slope=al, output_shift=-(1.0 - al) / math.sqrt(2.0 * math.pi),
+                      output_scale=1.0 / math.sqrt(0.5 * (1.0 + al * al)
+                                                   - (1.0 - al) ** 2 / (2.0 * math.pi)))
+        return _make(name, method, L, params, {"zeta": target},
+                     {"q_slope_1": 1.0, "c_val_0": 0.0, "c_slope_1": local}, rb)
     local = per_layer_targets("tat", L, tau=target, residual_beta=rb)
     params = _solve_tat_smooth(name, local)
     if params is None:
-        res_txt = "" if rb is None else f", residual_beta={rb}"
         raise ValueError(f"TAT found no acceptable root for {name} with tau={target} at "
                          f"depth {L}{res_txt} (per-layer C''(1)={local:.6g})")
     return _make(name, "tat", L, params, {"tau": target},
