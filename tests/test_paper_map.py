@@ -162,8 +162,8 @@ def test_the_table_is_read_and_a_wrong_row_fails(places):
     assert wrong_places(places, "signal/attn_bias.py", "realise", ["model", "predictions"]) == \
         ["named model but does not run there"]
     assert wrong_places(places, "signal/maps.py", "attention_map", ["predictions"]) == ["runs in plan too"]
-    assert wrong_places(places, "signal/attn_bias.py", "espa_attention_reference", ["tests"]) == []
-    assert not places["model"].ran("signal/attn_bias.py", "espa_attention_reference")
+    assert wrong_places(places, "signal/cholesky.py", "espa_attention_reference", ["tests"]) == []
+    assert not places["model"].ran("signal/cholesky.py", "espa_attention_reference")
 
 
 def chain(place_of_call, target):
@@ -227,7 +227,7 @@ def test_an_edit_of_the_activation_registry_changes_the_model(monkeypatch):
     """phi: the engine evaluates the registry's entry (gelu scaled by 1.01)."""
     before = out(dict(activation="gelu"))
     g = activations.ACTIVATIONS["gelu"]
-    monkeypatch.setitem(activations.ACTIVATIONS, "gelu", activations.BaseActivation(
+    monkeypatch.setitem(activations.ACTIVATIONS.own, "gelu", activations.BaseActivation(
         lambda x, xp=None: 1.01 * g.fn(x, xp), lambda x, xp: 1.01 * g.d1(x, xp), g.d2, g.kinked))
     assert np.abs(out(dict(activation="gelu")) - before).max() > 1e-6
 

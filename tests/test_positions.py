@@ -12,10 +12,11 @@ import pytest
 from nanospa import GPT, GPTConfig, config, signal
 from nanospa.gradcheck import check_directions, check_jacobian, tensor64
 from nanospa.beyond.positions import AlibiHook, Rope, rope
-from nanospa.signal import kernels
+from nanospa.signal import collapse
 from nanospa.signal.attn_bias import bias_block, dense_layer_bias, espa_bias, realise
 from nanospa.signal.inputs import input_kernel, token_variance
-from nanospa.signal.maps import attention_map, softmax_attention_map
+from nanospa.signal.collapse import softmax_attention_map
+from nanospa.signal.maps import attention_map
 from nanospa.model import variant
 from nanospa.predict import attention_at_init, predict_kernels
 from nanospa.signal.beyond.positions import (alibi_bias, alibi_slopes, rope_angles, rope_correlation,
@@ -240,7 +241,7 @@ def test_attention_at_init_is_the_predicted_fixed_matrix(case):
         heads = A if A.ndim == 3 else np.broadcast_to(A, (4, 8, 8))
         np.testing.assert_allclose(tr.attention[l - 1], np.broadcast_to(heads, (2, 4, 8, 8)), rtol=0, atol=1e-13)
     if case["pos"] == "rope" and case["attention"] == "softmax":
-        np.testing.assert_allclose(A, kernels.uniform_causal_attention(8), atol=1e-15)
+        np.testing.assert_allclose(A, collapse.uniform_causal_attention(8), atol=1e-15)
     if case["pos"] == "alibi" and case["attention"] == "softmax":
         slopes = alibi_slopes(4)
         i, j = np.arange(8)[:, None], np.arange(8)[None, :]
@@ -290,14 +291,13 @@ def test_rope_logit_covariance_of_the_model_op_and_of_the_mean_field_sampler():
     measured = np.cov(l.reshape(n, -1), rowvar=False)
     assert np.abs(measured - expected).max() < 5 * np.sqrt(2.0 / n)
     assert rope_correlation(0, D) == pytest.approx(1.0)
-    from nanospa.signal import maps
     draws = []
-    orig = maps._causal_softmax
+    orig = collapse._causal_softmax
     try:
-        maps._causal_softmax = lambda G: (draws.append(G.copy()), orig(G))[1]
+        collapse._causal_softmax = lambda G: (draws.append(G.copy()), orig(G))[1]
         softmax_attention_map(np.ones((T, T)), n_samples=n, seed=4, rope=rope_frequencies(D))
     finally:
-        maps._causal_softmax = orig
+        collapse._causal_softmax = orig
     G = np.array(draws).reshape(n, -1)
     tri = np.tril(np.ones((T, T), dtype=bool)).ravel()             # the sampler's causal entries
     assert np.abs(np.cov(G, rowvar=False)[np.ix_(tri, tri)] - expected[np.ix_(tri, tri)]).max() < 5 * np.sqrt(2.0 / n)
@@ -360,5 +360,5 @@ def test_the_signal_tables_attention_only_network_sees_the_logit_positions():
             S = attention_map(S, attention_at_init(zq, plan, l, 8)[0])
             np.testing.assert_allclose(K, S, rtol=1e-13, atol=1e-15)
         if pos == "rope":
-            P = kernels.uniform_causal_attention(8)
+            P = collapse.uniform_causal_attention(8)
             np.testing.assert_allclose(attention_only_kernels(cfg)[1], P @ P.T, rtol=1e-14)

@@ -8,7 +8,7 @@ import pytest
 
 from nanospa import GPT, GPTConfig
 from nanospa.measure import measured_kernels
-from nanospa.signal import kernels, dense_layer_bias, make_plan, realise
+from nanospa.signal import collapse, dense_layer_bias, kernels, make_plan, realise
 from nanospa.signal.inputs import input_kernel
 from nanospa.predict import KernelPrediction, attention_at_init, predict_kernels
 
@@ -92,7 +92,7 @@ def test_value_skipinit_is_the_identity_and_zero_query_softmax_is_uniform():
     for l in range(1, 4):
         np.testing.assert_allclose(pred.kernel(l, "attn_branch"), S0, atol=0)
     cfg = GPTConfig(block_size=8, n_layer=2, attention="softmax", zero_query=True, activation="linear")
-    P = kernels.uniform_causal_attention(8)
+    P = collapse.uniform_causal_attention(8)
     np.testing.assert_allclose(predict_kernels(cfg, sigma_0=S0).kernel(2), P @ P @ S0 @ P.T @ P.T, atol=1e-14)
 
 
@@ -114,7 +114,7 @@ def test_effective_attention_of_each_kind():
     assert plan_targets(plan, T) == [None, None]
     cfg = GPTConfig(block_size=T, n_layer=2, attention="softmax", zero_query=True, activation="linear")
     np.testing.assert_array_equal(effective_attention(cfg, make_plan(cfg), 2, T),
-                                  kernels.uniform_causal_attention(T))
+                                  collapse.uniform_causal_attention(T))
     cfg = GPTConfig(block_size=T, n_layer=2, attention="softmax", activation="linear")
     assert effective_attention(cfg, make_plan(cfg), 1, T) is None   # mean field instead
 
@@ -136,7 +136,7 @@ def test_prediction_accessors_and_q_values():
     assert isinstance(pred, KernelPrediction) and pred.sigma_0.shape == (16, 16) and pred.config is cfg
     assert pred.q(4).shape == (16,) and pred.q(4)[0] == pytest.approx(1.0)
     np.testing.assert_array_equal(pred.kernel(0), pred.sigma_0)
-    assert pred.stats(4)["mean_offdiag"] == kernels.kernel_stats(pred.kernel(4))["mean_offdiag"]
+    assert pred.stats(4)["mean_offdiag"] == collapse.kernel_stats(pred.kernel(4))["mean_offdiag"]
     np.testing.assert_array_equal(pred.kernel(4, "target"), kernels.spa_kernel("espa", 16, pred.config.gamma_final
                                                                                 or make_plan(cfg).schedule[4]))
     np.testing.assert_array_equal(pred.final, pred.kernel(4))          # no final norm here

@@ -11,7 +11,8 @@ from nanospa.signal.beyond.policies import c_inverse
 from nanospa.config import GPTConfig
 from nanospa.signal import kernels, make_plan
 from nanospa.signal.beyond.norm_maps import DYT_ALPHA, dyt_map
-from nanospa.signal.maps import MLPMap, attention_map, normalise, softmax_attention_map
+from nanospa.signal.collapse import softmax_attention_map
+from nanospa.signal.maps import MLPMap, attention_map, normalise
 from nanospa.signal.walks import WalkMaps
 from nanospa.signal.qc_maps import lrelu_cmap
 

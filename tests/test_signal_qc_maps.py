@@ -1,4 +1,4 @@
-"""Q/C maps and quadrature (nanospa/signal/qc_maps.py, docs/activations.md §2, §5, §8):
+"""Q/C maps and quadrature (nanospa/signal/qc_maps.py, local_maps.py; docs/activations.md §2, §5, §8):
 leaky-ReLU closed forms against split quadrature, C-maps against finer rules and Monte
 Carlo, the vectorised kernel map against a 2-D rule written here, bad input.
 
@@ -14,7 +14,8 @@ from numpy.polynomial.legendre import leggauss
 from nanospa.signal.act_transform import activation_transform
 from nanospa.signal.activations import ACTIVATIONS
 from nanospa.signal.qc_maps import (
-    alpha_of_beta, bivariate, c_map, local_cmap, lrelu_beta, lrelu_cmap, q_map)
+    alpha_of_beta, bivariate, c_map, lrelu_beta, lrelu_cmap, q_map)
+from nanospa.signal.local_maps import LocalMaps
 
 SMOOTH = ["gelu", "gelu_exact", "tanh", "sigmoid", "softplus", "swish"]
 C_POINTS = np.array([0.0, 0.25, 0.5, 0.75, 0.9, 0.99])
@@ -72,7 +73,7 @@ def test_cmap_against_finer_rule(name, method):
     assert np.all(np.diff(fine) > 0)                       # increasing on [0, 1]
     assert np.all(np.diff(np.diff(fine) / np.diff(C_POINTS)) > 0)   # convex: slopes increase
     # vectorised local map: Hermite series (smooth) or quadrature (elu)
-    np.testing.assert_allclose(local_cmap(t).C(C_POINTS), fine, rtol=0, atol=1e-11)
+    np.testing.assert_allclose(LocalMaps(t).C(C_POINTS), fine, rtol=0, atol=1e-11)
 
 
 @pytest.mark.parametrize("case", [("gelu", "tat", 12), ("tanh", "dks", 12), ("sigmoid", "tat", 36),
@@ -109,7 +110,7 @@ def test_kernel_map(case):
     T = 5
     X = rng.standard_normal((T, 12))
     S = X @ X.T / 12
-    K = local_cmap(t).kernel(S)
+    K = LocalMaps(t).kernel(S)
     assert K.shape == (T, T) and np.allclose(K, K.T, atol=1e-14)
     np.testing.assert_allclose(np.diag(K), q_map(t, np.diag(S)), rtol=1e-10)
     x, w = leggauss(400)
@@ -126,14 +127,14 @@ def test_kernel_map(case):
         assert abs(K[i, j] - ref) < 1e-10 * max(1.0, abs(ref))
     # with unit diagonal the kernel map is the C-map
     C = S / np.sqrt(np.outer(np.diag(S), np.diag(S)))
-    np.testing.assert_allclose(local_cmap(t).kernel(C), local_cmap(t).C(C), atol=1e-11)
+    np.testing.assert_allclose(LocalMaps(t).kernel(C), LocalMaps(t).C(C), atol=1e-11)
 
 
 def test_kernel_map_large_q_falls_back_to_quadrature():
     # for q = 400 the Hermite series of TAT-tanh is too slow: those entries use quadrature
     t = activation_transform("tanh", "tat", 36)
     S = np.array([[400.0, 200.0], [200.0, 1.0 * 400]])
-    K = local_cmap(t).kernel(S)
+    K = LocalMaps(t).kernel(S)
     assert K[0, 0] == pytest.approx(float(q_map(t, 400.0)), rel=1e-10)
     assert K[0, 1] == pytest.approx(float(c_map(t, 0.5, q=400.0)) * float(q_map(t, 400.0)), rel=1e-10)
 

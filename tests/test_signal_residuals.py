@@ -14,7 +14,8 @@ from nanospa.signal import kernels
 from nanospa.beyond.ngpt import NGPTMaps
 from nanospa.predict import predict_kernels
 from nanospa.signal import make_plan
-from nanospa.signal.maps import MLPMap, softmax_attention_map
+from nanospa.signal.collapse import softmax_attention_map
+from nanospa.signal.maps import MLPMap
 from nanospa.signal.walks import WalkMaps
 
 pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it

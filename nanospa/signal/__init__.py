@@ -6,8 +6,7 @@ except the command line (__main__.py). Functions take the paper's quantities (T,
 gamma_l, rho_l, activation targets); a model configuration is read by duck typing, never
 imported. Reading order:
 
-kernels.py        kernels, rank-collapse measures, SPA targets and schedules (§3, §4, §6, §7)
-cholesky.py       checked Cholesky, the general transfer matrix, non-causal variant (§5, §9)
+kernels.py        kernels, SPA targets and schedules (§3.1, §6, §7)
 attn_bias.py      E-SPA / U-SPA closed forms in log space, B_l and D_l, A = diag(D) softmax(B) (§6-§8)
 activations.py    the base activations, their derivatives, and phi_hat itself (PhiHat)
 qc_maps.py        quadrature and the Q/C maps of an activation (docs/activations.md §2, §8)
@@ -17,27 +16,36 @@ inputs.py         the input kernel Sigma_0 and positional encodings (§11)
 maps.py           the wide-limit kernel map of each sublayer (§3.2, §10)
 plan.py           the plan: the schedule and the activation's targets, one plain value
 
-Read second, nanospa's own idea: the kernel budget that chooses the plan by default
-(budget.py, walks.py; docs/kernel_budget.md). table.py formats what `python -m nanospa.signal`
-prints. The maths of the schemes beyond the paper is in beyond/ (positions in the logits, the
+Read second:
+
+budget.py         the kernel budget that chooses the plan by default (nanospa's own idea;
+walks.py          docs/kernel_budget.md) and the walk it is solved on, with A_l as a dense matrix
+local_maps.py     the MLP's kernel map of a whole kernel (Hermite series; §10), which the
+                  predictions and the budget's walk run through maps.MLPMap
+collapse.py       rank collapse at init: the measures of a kernel, standard attention at init,
+                  the mean field of softmax attention (§3.4, §4), which the predictions, the
+                  table and the measurements read
+cholesky.py       SPA in general, the dense references the tests hold the closed forms to:
+                  checked Cholesky, the general transfer matrix and its B_l and D_l, E-SPA's
+                  A_l entry by entry, the non-causal variant (§5, §7.2, §8, §9)
+
+table.py formats what `python -m nanospa.signal` prints. The maths of the schemes beyond the paper is in beyond/ (positions in the logits, the
 norm family, DeepNorm's and nGPT's constants, the budget's other policies); nothing here
 imports it until a configuration names one. The walk through a whole model (the kernels it
 predicts at init) is nanospa/predict.py: it reads the model's variants, which live above.
 """
-from .kernels import (kernel_matrix, q_values, normalised_kernel, mean_offdiag, min_offdiag,
-                      min_entry, effective_rank, kernel_stats, espa_kernel, uspa_kernel,
-                      spa_kernel, espa_gammas, uspa_rhos, spa_schedule, uniform_causal_attention,
-                      value_skipinit_attention)
-from .cholesky import (checked_cholesky, transfer_matrix, sym_sqrt, noncausal_attention,
-                       check_attention)
-from .attn_bias import (espa_bias, uspa_bias, bias_block, layer_bias, dense_layer_bias,
-                        espa_attention,
-                        espa_attention_reference, uspa_attention, spa_matrix, rescale, realise,
-                        log_attention_from, bias_and_rescale)
+from .kernels import (kernel_matrix, q_values, normalised_kernel, espa_kernel, uspa_kernel,
+                      spa_kernel, espa_gammas, uspa_rhos, spa_schedule)
+from .cholesky import (checked_cholesky, transfer_matrix, espa_attention_reference, sym_sqrt,
+                       noncausal_attention, check_attention, log_attention_from, bias_and_rescale)
+from .attn_bias import espa_bias, uspa_bias, bias_block, layer_bias, dense_layer_bias, rescale, realise
 from .activations import LEAKY_RELU_SLOPE
 from .qc_maps import q_map, c_map
 from .act_transform import activation_transform, shaped_activation_names
 from .inputs import POS_VARIANCE, input_kernel, sinusoidal_encoding, token_variance
-from .maps import MLPMap, attention_map, softmax_attention_map
+from .maps import MLPMap, attention_map
+from .collapse import (mean_offdiag, min_entry, effective_rank, kernel_stats, uniform_causal_attention,
+                       value_skipinit_attention, softmax_attention_map)
 from .plan import Plan, activation_spec, split_activation
+from .walks import espa_attention, uspa_attention, spa_matrix
 from .budget import make_plan, BUDGETS, DEFAULT_BUDGET

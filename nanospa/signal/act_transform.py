@@ -25,18 +25,20 @@ Notation (docs/activations.md §1-§2)
     alpha_r, beta_r   weights of a normalised residual x -> alpha_r x + beta_r f(x),
                  alpha_r^2 + beta_r^2 = 1 (`residual_beta` = beta_r)
 
-Smooth phi: damped Newton on the per-layer conditions from dks's start order (§12); DKS
-leaky ReLU: closed form (§3); TAT leaky ReLU: bisection on beta (§5). Solutions are
-cached. The result, ActivationTransform, holds the parameters and their phi_hat.
+DKS for a smooth phi (the paper's DKS-GeLU): damped Newton on the per-layer conditions
+from dks's start order (§12); TAT leaky ReLU: bisection on beta (§5). DKS leaky ReLU (closed
+form, §3), TAT for a smooth phi (§4) and sigmoid (solved as tanh, §10), which the paper's
+models do not use, are in signal/beyond/activations.py, imported when one is asked for.
+Solutions are cached. The result, ActivationTransform, holds the parameters and their phi_hat.
 
 Not here: phi_hat itself (activations.PhiHat, which the engine runs on the device), the base
 activations and their derivatives (activations.py), quadrature, the Q/C maps and the leaky-ReLU
 closed forms (qc_maps.py), the per-layer targets a depth asks for (depth_targets.py).
 """
 import functools
+import importlib
 import itertools
 import math
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -44,8 +46,7 @@ from types import MappingProxyType
 import numpy as np
 
 from .activations import PARAM_KEYS, PhiHat, base_name
-from .depth_targets import (DEFAULT_TARGETS, chain_c0, check_depth, check_residual_beta, per_layer_targets,
-                            subnet_max)
+from .depth_targets import DEFAULT_TARGETS, chain_c0, check_depth, check_residual_beta, per_layer_targets
 from .qc_maps import alpha_of_beta, gauss_rule
 
 __all__ = [
@@ -68,10 +69,7 @@ _START_HIGH = {"input_scale": 2.0, "input_shift": 3.0, "output_shift": 3.0}
 _NUM_STARTS = 50
 _START_SEED = 123
 
-_TAT_MAX_GAIN = 2.0          # dks's guard: TAT roots need input_scale * output_scale < 2 (§4)
 _RELU_BETA = 1.0 / math.pi   # beta of plain ReLU (alpha = 0): the largest beta, §5
-_DKS_LRELU_TOP = math.pi / (math.pi - 1.0)   # C'(1) = 1/(1 - beta) of the centred ReLU: the
-                                             # bound on a DKS leaky-ReLU per-layer C'(1), §3
 _BISECT_WIDTH = 1e-17        # bisection on beta stops below this width (or at float spacing)
 _SOLVE_CACHE = 256           # solved transforms kept by _solve
 
@@ -98,7 +96,6 @@ class ActivationTransform(Mapping):
     targets: Mapping = field(default_factory=dict)
     local_targets: Mapping = field(default_factory=dict)
     residual_beta: object = None
-    solve_seconds: float = 0.0
     phi_hat: PhiHat = field(init=False)
 
     def __post_init__(self):
@@ -124,11 +121,11 @@ class ActivationTransform(Mapping):
         return f"ActivationTransform({self.activation!r}, {self.method!r}, depth={self.depth}, {ps})"
 
 
-def _make(activation, method, depth, params, targets=None, local=None, rb=None, seconds=0.0):
+def _make(activation, method, depth, params, targets=None, local=None, rb=None):
     params = {k: float(params[k]) for k in PARAM_KEYS if k in params}
     return ActivationTransform(activation, method, depth, MappingProxyType(params),
                                MappingProxyType(dict(targets or {})),
-                               MappingProxyType(dict(local or {})), rb, seconds)
+                               MappingProxyType(dict(local or {})), rb)
 
 
 # ------------------------------------------------------------------- root finding (§12)
@@ -202,26 +199,6 @@ def _solve_dks_smooth(name, target):
                 output_scale=_local(name, a, b, o)["output_scale"])
 
 
-def _solve_tat_smooth(name, target):
-    def res(p):
-        m = _local(name, *p)
-        return np.array([m["Qslope"] - 1.0, m["Cslope"] - 1.0, m["Ccurv"] - target])
-    ok = lambda p: p[0] * _local(name, *p)["output_scale"] < _TAT_MAX_GAIN
-    with np.errstate(all="ignore"):
-        p = _first_root(res, ("input_scale", "input_shift", "output_shift"), ok)
-    if p is None:
-        return None
-    a, b, o = (float(v) for v in p)
-    return dict(input_scale=a, input_shift=b, output_shift=o,
-                output_scale=_local(name, a, b, o)["output_scale"])
-
-
-def _tanh_to_sigmoid(p):
-    """tanh (a, b, o, s) -> sigmoid (2a, 2b, (o - 1)/2, 2s): the same phi_hat (§10)."""
-    return dict(input_scale=2.0 * p["input_scale"], input_shift=2.0 * p["input_shift"],
-                output_shift=0.5 * (p["output_shift"] - 1.0), output_scale=2.0 * p["output_scale"])
-
-
 # --------------------------------------------------------------------------- solvers
 
 def activation_transform(activation, method, depth=None, *, zeta=None, eta=None, tau=None,
@@ -271,57 +248,34 @@ def activation_transform(activation, method, depth=None, *, zeta=None, eta=None,
 
 @functools.lru_cache(maxsize=_SOLVE_CACHE)
 def _solve(name, method, L, target, rb):
-    t0 = time.perf_counter()
+    if name == "sigmoid" or (method == "tat") != (name == "leaky_relu"):   # beyond DKS-GeLU, TAT-LReLU
+        return importlib.import_module("nanospa.signal.beyond.activations").solve(name, method, L, target, rb)
     res_txt = "" if rb is None else f", residual_beta={rb}"
-    if method == "dks":
+    if method == "dks":                                        # smooth phi: Newton, §3, §12
         key, local = {"zeta": target}, per_layer_targets("dks", L, zeta=target, residual_beta=rb)
         loc = {"q_slope_1": 1.0, "c_val_0": 0.0, "c_slope_1": local}
-        if name == "leaky_relu":                               # closed form, §3
-            if not local < _DKS_LRELU_TOP:
-                bound = subnet_max(1.0, lambda x: _DKS_LRELU_TOP * x, L, rb)
-                raise ValueError(f"zeta={target} is unreachable for leaky_relu with DKS at depth "
-                                 f"{L}{res_txt}: zeta must stay below {bound:.6f} (plain ReLU)")
-            al = float(alpha_of_beta(1.0 - 1.0 / local))
-            params = dict(negative_slope=al, output_shift=-(1.0 - al) / math.sqrt(2.0 * math.pi),
-                          output_scale=1.0 / math.sqrt(0.5 * (1.0 + al * al)
-                                                       - (1.0 - al) ** 2 / (2.0 * math.pi)))
-        else:
-            solve_name = "tanh" if name == "sigmoid" else name
-            params = _solve_dks_smooth(solve_name, local)
-            if params is None:
-                raise ValueError(f"DKS found no root for {name} with zeta={target} at depth {L}"
-                                 f"{res_txt} (per-layer C'(1)={local:.6g})")
-            if name == "sigmoid":
-                params = _tanh_to_sigmoid(params)
-    else:
-        if name == "leaky_relu":                               # bisection on beta, §5
-            key = {"eta": target}
-            top = chain_c0(_RELU_BETA, L, rb)                  # plain ReLU: the largest C_f(0)
-            if top < target:
-                raise ValueError(f"eta={target} is unreachable for leaky_relu with TAT at depth {L}"
-                                 f"{res_txt}: the largest reachable C_f(0) is {top:.6f} (plain "
-                                 "ReLU); use a smaller eta or more layers")
-            lo, hi = 0.0, _RELU_BETA
-            while hi - lo > _BISECT_WIDTH:
-                mid = 0.5 * (lo + hi)
-                if mid in (lo, hi):
-                    break
-                lo, hi = (mid, hi) if chain_c0(mid, L, rb) < target else (lo, mid)
-            beta = 0.5 * (lo + hi)
-            al = float(alpha_of_beta(beta))
-            params = dict(negative_slope=al, output_scale=math.sqrt(2.0 / (1.0 + al * al)))
-            loc = {"q_slope_1": 1.0, "c_slope_1": 1.0, "c_val_0": beta}
-        else:
-            key, local = {"tau": target}, per_layer_targets("tat", L, tau=target, residual_beta=rb)
-            loc = {"q_slope_1": 1.0, "c_slope_1": 1.0, "c_curv_1": local}
-            solve_name = "tanh" if name == "sigmoid" else name
-            params = _solve_tat_smooth(solve_name, local)
-            if params is None:
-                raise ValueError(f"TAT found no acceptable root for {name} with tau={target} at "
-                                 f"depth {L}{res_txt} (per-layer C''(1)={local:.6g})")
-            if name == "sigmoid":
-                params = _tanh_to_sigmoid(params)
-    return _make(name, method, L, params, key, loc, rb, time.perf_counter() - t0)
+        params = _solve_dks_smooth(name, local)
+        if params is None:
+            raise ValueError(f"DKS found no root for {name} with zeta={target} at depth {L}"
+                             f"{res_txt} (per-layer C'(1)={local:.6g})")
+    else:                                                      # TAT leaky ReLU: bisection on beta, §5
+        key = {"eta": target}
+        top = chain_c0(_RELU_BETA, L, rb)                      # plain ReLU: the largest C_f(0)
+        if top < target:
+            raise ValueError(f"eta={target} is unreachable for leaky_relu with TAT at depth {L}"
+                             f"{res_txt}: the largest reachable C_f(0) is {top:.6f} (plain "
+                             "ReLU); use a smaller eta or more layers")
+        lo, hi = 0.0, _RELU_BETA
+        while hi - lo > _BISECT_WIDTH:
+            mid = 0.5 * (lo + hi)
+            if mid in (lo, hi):
+                break
+            lo, hi = (mid, hi) if chain_c0(mid, L, rb) < target else (lo, mid)
+        beta = 0.5 * (lo + hi)
+        al = float(alpha_of_beta(beta))
+        params = dict(negative_slope=al, output_scale=math.sqrt(2.0 / (1.0 + al * al)))
+        loc = {"q_slope_1": 1.0, "c_slope_1": 1.0, "c_val_0": beta}
+    return _make(name, method, L, params, key, loc, rb)
 
 
 # ---------------------------------------------------------------- model-facing names

@@ -1,10 +1,11 @@
 """Base activations phi, their first and second derivatives, and the shaped phi_hat built on
 them (docs/activations.md §1, §2, §9).
 
-Holds the untransformed phi (linear, relu, leaky_relu, gelu, gelu_exact, tanh, sigmoid,
-softplus, elu, swish), their derivatives phi' and phi'', the ACTIVATIONS registry, phi_hat
-with its parameters (PhiHat), and the named constants those formulas use: the one definition
-of each, which both the engine and the float64 maths evaluate. Every function takes (x,
+Holds the untransformed phi of the paper's models (linear, relu, leaky_relu, gelu, sigmoid),
+their derivatives phi' and phi'', the ACTIVATIONS registry, phi_hat with its parameters
+(PhiHat), and the named constants those formulas use: the one definition of each, which both
+the engine and the float64 maths evaluate. The registry's other entries (gelu_exact, tanh,
+softplus, elu, swish) are signal/beyond/activations.py's, imported when one is looked up. Every function takes (x,
 xp=None): xp is the array module (numpy or cupy), None meaning "the module x came from". Only
 xp functions and Python-float constants appear, so float32 inputs stay float32 (NumPy 2
 promotion) and the same body runs on the device.
@@ -15,15 +16,15 @@ Not here: Gaussian means of phi_hat and the Q/C maps (qc_maps.py), the DKS/TAT s
 import importlib
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 __all__ = [
     "LEAKY_RELU_SLOPE", "GELU_SQRT_2_OVER_PI", "GELU_CUBIC", "GELU_CUBIC_D1", "GELU_CUBIC_D2",
-    "ACTIVATIONS", "BaseActivation", "base_name", "array_module", "erf", "PARAM_KEYS", "PhiHat",
-    "linear", "relu", "leaky_relu", "gelu", "gelu_exact", "tanh", "sigmoid", "softplus",
-    "elu", "swish",
+    "ACTIVATIONS", "BaseActivation", "Registry", "base_name", "array_module", "PARAM_KEYS", "PhiHat",
+    "linear", "relu", "leaky_relu", "gelu", "sigmoid",
 ]
 
 LEAKY_RELU_SLOPE = 0.01                  # negative slope of the plain (untransformed) leaky ReLU
@@ -33,9 +34,6 @@ GELU_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_CUBIC = 0.044715                    # c: the cubic coefficient of the published formula
 GELU_CUBIC_D1 = 3.0 * GELU_CUBIC         # u'(x) = sqrt(2/pi) (1 + 3c x^2)   (= 0.134145 exactly)
 GELU_CUBIC_D2 = 6.0 * GELU_CUBIC         # u''(x) = sqrt(2/pi) 6c x          (= 0.26829 exactly)
-
-_INV_SQRT_2 = 1.0 / math.sqrt(2.0)           # Phi(x) = (1 + erf(x / sqrt 2)) / 2
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)   # normal pdf at 0
 
 
 def array_module(x, xp=None):
@@ -70,49 +68,9 @@ def gelu(x, xp=None):
     return 0.5 * x * (1.0 + xp.tanh(GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC * (x * x * x))))
 
 
-_erf_object = np.frompyfunc(math.erf, 1, 1)
-
-
-def erf(x, xp=None):
-    """The error function, elementwise, in x's float dtype. NumPy has none: on the host
-    math.erf per element (exact to double precision, slow on big arrays); on a GPU CuPy's."""
-    xp = array_module(x, xp)
-    if xp is not np:
-        return importlib.import_module("cupyx.scipy.special").erf(x)   # ships with CuPy
-    x = np.asarray(x)
-    return _erf_object(x).astype(x.dtype if x.dtype.kind == "f" else np.float64)
-
-
-def gelu_exact(x, xp=None):
-    """phi(x) = x Phi(x), Phi the normal cdf (1 + erf(x / sqrt 2)) / 2."""
-    return 0.5 * x * (1.0 + erf(x * _INV_SQRT_2, xp))
-
-
-def tanh(x, xp=None):
-    """phi(x) = tanh(x)."""
-    return array_module(x, xp).tanh(x)
-
-
 def sigmoid(x, xp=None):
     """phi(x) = 1 / (1 + exp(-x)), written (1 + tanh(x/2)) / 2 (§10: one code path)."""
     return 0.5 * (1.0 + array_module(x, xp).tanh(0.5 * x))
-
-
-def softplus(x, xp=None):
-    """phi(x) = log(1 + exp(x)), in the overflow-free form log1p(exp(-|x|)) + max(x, 0)."""
-    xp = array_module(x, xp)
-    return xp.log1p(xp.exp(-xp.abs(x))) + xp.maximum(x, 0.0)
-
-
-def elu(x, xp=None):
-    """phi(x) = x for x > 0, exp(x) - 1 otherwise (ELU with alpha = 1)."""
-    xp = array_module(x, xp)
-    return xp.where(x > 0, x, xp.expm1(xp.minimum(x, 0.0)))
-
-
-def swish(x, xp=None):
-    """phi(x) = x sigmoid(x) (SiLU)."""
-    return x * sigmoid(x, xp)
 
 
 # ------------------------------------------------------------ phi' and phi'', §2
@@ -160,24 +118,6 @@ def _d2_gelu(x, xp):
     return sech2 * du + 0.5 * x * sech2 * (d2u - 2.0 * t * du * du)
 
 
-def _d1_gelu_exact(x, xp):
-    return 0.5 * (1.0 + erf(x * _INV_SQRT_2, xp)) + x * (xp.exp(-0.5 * (x * x)) * _INV_SQRT_2PI)
-
-
-def _d2_gelu_exact(x, xp):
-    return xp.exp(-0.5 * (x * x)) * _INV_SQRT_2PI * (2.0 - x * x)
-
-
-def _d1_tanh(x, xp):
-    t = xp.tanh(x)
-    return 1.0 - t * t
-
-
-def _d2_tanh(x, xp):
-    t = xp.tanh(x)
-    return -2.0 * t * (1.0 - t * t)
-
-
 def _d1_sigmoid(x, xp):
     sg = sigmoid(x, xp)
     return sg * (1.0 - sg)
@@ -186,24 +126,6 @@ def _d1_sigmoid(x, xp):
 def _d2_sigmoid(x, xp):
     sg = sigmoid(x, xp)
     return sg * (1.0 - sg) * (1.0 - 2.0 * sg)
-
-
-def _d1_elu(x, xp):
-    return xp.where(x > 0, _one(x), xp.exp(xp.minimum(x, 0.0)))
-
-
-def _d2_elu(x, xp):
-    return xp.where(x > 0, x * 0.0, xp.exp(xp.minimum(x, 0.0)))
-
-
-def _d1_swish(x, xp):
-    sg = sigmoid(x, xp)
-    return sg + x * (sg * (1.0 - sg))
-
-
-def _d2_swish(x, xp):
-    sg = sigmoid(x, xp)
-    return sg * (1.0 - sg) * (2.0 + x * (1.0 - 2.0 * sg))
 
 
 # ------------------------------------------------------------------------ registry
@@ -222,18 +144,38 @@ class BaseActivation:
     kinked: bool         # phi or phi' or phi'' jumps at x = 0: split quadrature there
 
 
-ACTIVATIONS = {
+class Registry(Mapping):
+    """name -> BaseActivation: the entries of `own`, and those named in `beyond`, which are
+    signal/beyond/activations.py's, imported the first time one of them is looked up (a model
+    of the paper's activations never loads it)."""
+
+    def __init__(self, own, beyond):
+        self.own, self.beyond = own, tuple(beyond)
+
+    def __getitem__(self, name):
+        if name in self.own:
+            return self.own[name]
+        if name in self.beyond:
+            return importlib.import_module("nanospa.signal.beyond.activations").ACTIVATIONS[name]
+        raise KeyError(name)
+
+    def __contains__(self, name):
+        return name in self.own or name in self.beyond
+
+    def __iter__(self):
+        return iter((*self.own, *self.beyond))
+
+    def __len__(self):
+        return len(self.own) + len(self.beyond)
+
+
+ACTIVATIONS = Registry({
     "linear": BaseActivation(linear, _d1_linear, _d2_zero, False),
     "relu": BaseActivation(relu, _d1_relu, _d2_zero, True),
     "leaky_relu": BaseActivation(leaky_relu, _d1_leaky_relu, _d2_zero, True),
     "gelu": BaseActivation(gelu, _d1_gelu, _d2_gelu, False),
-    "gelu_exact": BaseActivation(gelu_exact, _d1_gelu_exact, _d2_gelu_exact, False),
     "sigmoid": BaseActivation(sigmoid, _d1_sigmoid, _d2_sigmoid, False),
-    "tanh": BaseActivation(tanh, _d1_tanh, _d2_tanh, False),
-    "softplus": BaseActivation(softplus, sigmoid, _d1_sigmoid, False),   # phi' = sigmoid
-    "elu": BaseActivation(elu, _d1_elu, _d2_elu, True),   # phi'' jumps from 1 to 0 at 0
-    "swish": BaseActivation(swish, _d1_swish, _d2_swish, False),
-}
+}, beyond=("gelu_exact", "tanh", "softplus", "elu", "swish"))
 
 
 def base_name(name):

@@ -1,4 +1,5 @@
-"""SPA attention matrices in closed form, and their softmax realisation A = diag(D) softmax(B).
+"""SPA attention matrices in closed form, as the bias B_l and rescaling D_l of their softmax
+realisation A = diag(D) softmax(B).
 
 Implements docs/method.md §6 (U-SPA), §7.2 (E-SPA closed form in log space) and §8 (bias
 B_l and location-dependent rescaling D_l), with the numerics of §14. Everything is float64
@@ -8,8 +9,10 @@ One source per kind: ``espa_bias`` and ``uspa_bias`` turn a layer's schedule val
 the O(T) "parts" of its B_l and D_l, and ``bias_block`` generates any block of B_l from them
 (the whole square for a dense B_l, one (query, key) block at a time for the blockwise
 attention). ``layer_bias(plan, l)`` gives block l of a model its (parts, D_l): the model,
-the predictions and the command line all call it (dense_layer_bias: B_l as a matrix). ``espa_attention_reference`` is §7.2
-written out entry by entry, the dense reference the tests hold the O(T) form to.
+the predictions and the command line all call it (dense_layer_bias: B_l as a matrix). The dense
+references the tests hold these to (§5's general transfer matrix, §7.2's A_l entry by entry)
+and §8's split of a general A_l are in cholesky.py; A_l itself as a dense matrix, which the
+kernel budget's walk multiplies kernels by, in walks.py.
 
 Notation (docs/method.md §1, §7.2, §8)
 
@@ -42,8 +45,8 @@ def _check_order(name, value, prev, increasing):
 
 def espa_bias(T, gamma, gamma_prev):
     """E-SPA's B_l and D_l (method §7.2, §8) as O(T) parts, from the closed form of
-    A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 in log space (espa_attention_reference below
-    writes the same A_l out entry by entry; read it first):
+    A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 in log space (cholesky.espa_attention_reference
+    writes the same A_l out entry by entry, with exp):
 
         A_1 (gamma_prev = inf): A[i, 0] = e^{-g i}, A[i, j] = a e^{-g (i-j)}     (1 <= j <= i)
         A_l, l >= 2: A[0, 0] = 1, A[i, i] = r, A[i, 0] = (e^{-g} - r e^{-g_prev}) e^{-g (i-1)},
@@ -109,31 +112,6 @@ def _toeplitz_block(u, c, shift, i0, i1, j0, j1, out=None, dtype=np.float64, xp=
     return out
 
 
-def espa_attention(T, gamma, gamma_prev):
-    """A_l of E-SPA, dense (T, T) float64: exp of log A from espa_bias (its parts with a zero
-    row normaliser), entries below kernels.TINY flushed to 0."""
-    p = dict(espa_bias(T, gamma, gamma_prev), lse=np.zeros(check_T(T)))
-    with np.errstate(under="ignore"):
-        return flush(np.exp(bias_block(p, 0, T, 0, T)))
-
-
-def espa_attention_reference(T, gamma, gamma_prev):
-    """A_l of E-SPA written entry by entry from docs/method.md §7.2, in float64 with exp (it
-    underflows where espa_bias does not: a reference for small T, for the tests)."""
-    A = np.zeros((T, T))
-    a = np.sqrt(1 - np.exp(-2 * gamma))
-    for i in range(T):
-        for j in range(i + 1):
-            if np.isinf(gamma_prev):                                            # layer 1
-                A[i, j] = np.exp(-gamma * i) if j == 0 else a * np.exp(-gamma * (i - j))
-            else:
-                r = a / np.sqrt(1 - np.exp(-2 * gamma_prev))
-                A[i, j] = (1.0 if i == 0 else r if i == j else
-                           (np.exp(-gamma) - r * np.exp(-gamma_prev)) * np.exp(-gamma * (i - 1)) if j == 0 else
-                           r * (np.exp(-gamma) - np.exp(-gamma_prev)) * np.exp(-gamma * (i - j - 1)))
-    return A
-
-
 # ---------------------------------------------------------------- U-SPA (method §6)
 
 def _uspa_factors(T, rho):
@@ -196,14 +174,6 @@ def _uspa_block(p, i0, i1, j0, j1, xp=np):
     return A
 
 
-def uspa_attention(T, rho, rho_prev):
-    """A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 for U-SPA in closed form (uspa_bias), dense
-    (T, T) float64. The difference phi - psi makes tiny entries accurate to about 1e-16
-    absolute, not relative: entries rounding made negative are set to 0, those below
-    kernels.TINY flushed to 0."""
-    return flush(np.maximum(_uspa_block(uspa_bias(T, rho, rho_prev), 0, T, 0, T), 0.0))
-
-
 # ---------------------------------------------------------------- blocks of B (O(T) state)
 
 def bias_block(parts, i0, i1, j0, j1, dtype=np.float64, out=None, xp=np):
@@ -232,36 +202,7 @@ def bias_block(parts, i0, i1, j0, j1, dtype=np.float64, out=None, xp=np):
     return out
 
 
-# ---------------------------------------------------------------- generic (method §5, §8)
-
-def log_attention_from(A, neg_rtol=NEG_RTOL):
-    """log A of a non-negative lower-triangular (T, T) A, -inf above the diagonal and at
-    exact zeros. Entries above the diagonal must be 0; entries in [-neg_rtol max|A|, 0)
-    are rounding and become -inf; anything more negative raises ValueError."""
-    A = np.asarray(A, dtype=np.float64)
-    if A.ndim != 2 or A.shape[0] != A.shape[1]:
-        raise ValueError(f"A must be a square (T, T) matrix, got shape {A.shape}")
-    upper = np.triu(A, 1)
-    if np.any(upper != 0):
-        raise ValueError(f"A is not lower triangular: max |A[i, j>i]| = {np.abs(upper).max():.3g}")
-    if A.min() < -neg_rtol * np.abs(A).max():
-        raise ValueError(f"A has a negative entry {A.min():.3g}; softmax cannot realise it")
-    with np.errstate(divide="ignore"):
-        return np.log(np.maximum(A, 0.0))
-
-
-def bias_and_rescale(logA):
-    """Split A = diag(D) softmax(B) (method §8) for a general log A: lse_i = logsumexp_j
-    logA[i, j], B = logA - lse (entries <= 0, -inf above the diagonal), D = exp(lse) (row
-    sums). Every row needs a finite entry (the diagonal of a SPA matrix always is). The
-    closed forms above do the same for E-SPA and U-SPA without a row reduction."""
-    logA = np.asarray(logA, dtype=np.float64)
-    m = logA.max(axis=1, keepdims=True)                         # (T, 1)
-    if not np.all(np.isfinite(m)):
-        raise ValueError("bias_and_rescale: every row of logA needs a finite entry")
-    lse = m + np.log(np.exp(logA - m).sum(axis=1, keepdims=True))
-    return logA - lse, np.exp(lse[:, 0])
-
+# ---------------------------------------------------------------- realising A_l (method §8)
 
 def rescale(X, D):
     """diag(D_l) X: row i (position i) of X scaled by D_l[i] (method §8). X: (..., T, k),
@@ -284,16 +225,6 @@ def realise(B, D, T=None):
 
 
 # ---------------------------------------------------------------- per layer
-
-def spa_matrix(kind, T, value, value_prev):
-    """The attention-only SPA A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 of kind "espa" (value =
-    gamma_l) or "uspa" (rho_l) in closed form, (T, T) float64."""
-    if kind == "espa":
-        return espa_attention(T, value, value_prev)
-    if kind == "uspa":
-        return uspa_attention(T, value, value_prev)
-    raise ValueError(f"kind must be 'espa' or 'uspa', got {kind!r}")
-
 
 def layer_bias(plan, l, T=None):
     """(parts, D_l) of block l (1-based) of a kernel-budget plan (budget.make_plan) for the

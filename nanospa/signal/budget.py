@@ -35,10 +35,10 @@ in common (the part of K_l common to all inputs), rho* and eta_net the joint tar
 import importlib
 import math
 
-from .depth_targets import DEFAULT_TARGETS
+from .depth_targets import DEFAULT_TARGETS, chain_c0
 from .kernels import DEFAULT_GAMMA_FINAL, SPA_KINDS, spa_schedule
 from .act_transform import activation_transform
-from .plan import Plan, activation_spec, max_eta, shaping_depth, uses_eta
+from .plan import Plan, activation_spec, shaping_depth, split_activation
 from .walks import JOINT_SOLVE_T, network_stats, pair_walk
 
 BUDGETS = ("independent", "joint", "qpreserve", "mlp_aware", "joint_qpreserve")
@@ -60,6 +60,17 @@ def _name(cfg):
 
 
 # ------------------------------------------------------------------ the joint solve
+
+def uses_eta(cfg):
+    """True when the activation's target is TAT leaky ReLU's eta = C_f(0)."""
+    return split_activation(cfg.activation) == ("leaky_relu", "tat")
+
+
+def max_eta(cfg):
+    """The largest reachable C_f(0) of the TAT leaky-ReLU stack (plain ReLU layers)."""
+    rb = cfg.residual_beta if cfg.residual == "normalised" else None
+    return chain_c0(1.0 / math.pi, shaping_depth(cfg), rb)
+
 
 def _falling_root(f, lo, hi, tol):
     """x in [lo, hi] with f(x) = 0 for f decreasing, by regula falsi (Illinois). Returns

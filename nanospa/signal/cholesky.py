@@ -1,7 +1,11 @@
-"""Checked Cholesky factors and the general SPA transfer matrix.
+"""SPA in general: checked Cholesky factors, the general transfer matrix and its B_l and D_l,
+the dense references the closed forms of attn_bias.py are checked against (the tests run
+this file, and the kernel budget's policies beyond the default; read second).
 
 Implements docs/method.md §5 (general recipe A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1),
-§9 (non-causal variant with symmetric square roots) and the construction checks of §14.
+§7.2's E-SPA A_l written out entry by entry, §8's split A = diag(D) softmax(B) of a general
+A by a row reduction, §9 (non-causal variant with symmetric square roots) and the
+construction checks of §14.
 Float64 NumPy only; no explicit inverses (triangular systems are solved with
 np.linalg.solve on the transposed system) and no silent jitter: a kernel that is not
 positive definite raises ValueError with its minimum eigenvalue. Closed forms for
@@ -15,6 +19,8 @@ Notation (docs/method.md §1)
     A           attention matrix of block l, A Sigma_prev A^T = Sigma_next
 """
 import numpy as np
+
+from .attn_bias import NEG_RTOL
 
 # Relative symmetry tolerance for input kernels: propagated kernels A S A^T are symmetric
 # only up to rounding (a few ulps of the largest entry), so allow 1e-10 of max |S|.
@@ -61,6 +67,23 @@ def transfer_matrix(Sigma_prev, Sigma_next):
     # L_prev^T is upper triangular, so the LU inside solve never pivots and the entries
     # above the diagonal come out as exact zeros; tril only makes that explicit.
     return np.tril(A)
+
+
+def espa_attention_reference(T, gamma, gamma_prev):
+    """A_l of E-SPA written entry by entry from docs/method.md §7.2, in float64 with exp (it
+    underflows where espa_bias does not: a reference for small T, for the tests)."""
+    A = np.zeros((T, T))
+    a = np.sqrt(1 - np.exp(-2 * gamma))
+    for i in range(T):
+        for j in range(i + 1):
+            if np.isinf(gamma_prev):                                            # layer 1
+                A[i, j] = np.exp(-gamma * i) if j == 0 else a * np.exp(-gamma * (i - j))
+            else:
+                r = a / np.sqrt(1 - np.exp(-2 * gamma_prev))
+                A[i, j] = (1.0 if i == 0 else r if i == j else
+                           (np.exp(-gamma) - r * np.exp(-gamma_prev)) * np.exp(-gamma * (i - 1)) if j == 0 else
+                           r * (np.exp(-gamma) - np.exp(-gamma_prev)) * np.exp(-gamma * (i - j - 1)))
+    return A
 
 
 def sym_sqrt(S, power=0.5):
@@ -113,3 +136,34 @@ def check_attention(A, Sigma_prev, Sigma_next, causal=True, kernel_atol=1e-8,
         if report["min_entry"] < -neg_rtol * np.max(np.abs(A)):
             raise ValueError(f"A has a negative entry {report['min_entry']:.3g}")
     return report
+
+
+# ---------------------------------------------------------------- B_l and D_l of a general A_l (method §8)
+
+def log_attention_from(A, neg_rtol=NEG_RTOL):
+    """log A of a non-negative lower-triangular (T, T) A, -inf above the diagonal and at
+    exact zeros. Entries above the diagonal must be 0; entries in [-neg_rtol max|A|, 0)
+    are rounding and become -inf; anything more negative raises ValueError."""
+    A = np.asarray(A, dtype=np.float64)
+    if A.ndim != 2 or A.shape[0] != A.shape[1]:
+        raise ValueError(f"A must be a square (T, T) matrix, got shape {A.shape}")
+    upper = np.triu(A, 1)
+    if np.any(upper != 0):
+        raise ValueError(f"A is not lower triangular: max |A[i, j>i]| = {np.abs(upper).max():.3g}")
+    if A.min() < -neg_rtol * np.abs(A).max():
+        raise ValueError(f"A has a negative entry {A.min():.3g}; softmax cannot realise it")
+    with np.errstate(divide="ignore"):
+        return np.log(np.maximum(A, 0.0))
+
+
+def bias_and_rescale(logA):
+    """Split A = diag(D) softmax(B) (method §8) for a general log A: lse_i = logsumexp_j
+    logA[i, j], B = logA - lse (entries <= 0, -inf above the diagonal), D = exp(lse) (row
+    sums). Every row needs a finite entry (the diagonal of a SPA matrix always is). The
+    closed forms of attn_bias.py do the same for E-SPA and U-SPA without a row reduction."""
+    logA = np.asarray(logA, dtype=np.float64)
+    m = logA.max(axis=1, keepdims=True)                         # (T, 1)
+    if not np.all(np.isfinite(m)):
+        raise ValueError("bias_and_rescale: every row of logA needs a finite entry")
+    lse = m + np.log(np.exp(logA - m).sum(axis=1, keepdims=True))
+    return logA - lse, np.exp(lse[:, 0])

@@ -1,10 +1,11 @@
-"""Kernels, rank-collapse measures, SPA target kernels and their depth schedules.
+"""Kernels, SPA target kernels and their depth schedules.
 
-Implements docs/method.md §3 (kernel analysis, rank collapse under plain attention),
-§4 (Value-SkipInit at init), §6 (U-SPA target and rho schedule) and §7.1/§7.3 (E-SPA
-target and gamma schedule). Everything is float64 NumPy on host arrays. The attention
-matrices that map one target kernel to the next live in cholesky.py (general) and
-attn_bias.py (closed forms, log space, bias/rescale split).
+Implements docs/method.md §3.1 (kernel, normalised kernel), §6 (U-SPA target and rho
+schedule) and §7.1/§7.3 (E-SPA target and gamma schedule). Everything is float64 NumPy on
+host arrays. The attention matrices that map one target kernel to the next live in
+attn_bias.py (closed forms, log space, bias/rescale split; the general one, their reference,
+in cholesky.py); rank collapse under plain attention and its measures (§3.4, §4) in
+collapse.py, read second.
 
 Notation (docs/method.md §1)
 
@@ -71,61 +72,6 @@ def normalised_kernel(Sigma):
         raise ValueError(f"normalised_kernel needs a positive diagonal, min q = {q.min():.3g}")
     s = 1.0 / np.sqrt(q)
     return Sigma * s[..., :, None] * s[..., None, :]
-
-
-# ---------------------------------------------------------------- rank-collapse measures
-
-def _offdiag(C):
-    C = np.asarray(C, dtype=np.float64)
-    return C[~np.eye(C.shape[-1], dtype=bool)]                    # (T (T - 1),)
-
-
-def mean_offdiag(C):
-    """Mean of C[i, j] over i != j (nan for T = 1). Tends to 1 under rank collapse."""
-    off = _offdiag(C)
-    return float(off.mean()) if off.size else float("nan")
-
-
-def min_offdiag(C):
-    """Smallest C[i, j] with i != j (nan for T = 1)."""
-    off = _offdiag(C)
-    return float(off.min()) if off.size else float("nan")
-
-
-def min_entry(C):
-    """Smallest entry of C, diagonal included (the "min C_l entry" of method §3.4)."""
-    return float(np.min(C))
-
-
-def effective_rank(Sigma):
-    """exp(H(p)), p_k = lambda_k / sum(lambda): the exponential of the Shannon entropy of
-    the normalised eigenvalue distribution (Roy & Vetterli's effective rank). It is T for
-    Sigma proportional to I and 1 for a rank-one Sigma; eigenvalues below 0 from rounding
-    are treated as 0. Batched over leading dims."""
-    lam = np.clip(np.linalg.eigvalsh(np.asarray(Sigma, dtype=np.float64)), 0.0, None)
-    p = lam / lam.sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        plogp = np.where(p > 0, p * np.log(p), 0.0)
-    return np.exp(-plogp.sum(axis=-1))
-
-
-def kernel_stats(Sigma):
-    """Summary of one (T, T) kernel: q-values (min/mean/max) and, on the normalised kernel
-    C, the mean off-diagonal, min entry, first-to-last C[0, T-1], the mean adjacent
-    correlation C[i, i+1], and the effective rank of Sigma. Values are Python floats."""
-    Sigma = np.asarray(Sigma, dtype=np.float64)
-    if Sigma.ndim != 2 or Sigma.shape[0] != Sigma.shape[1]:
-        raise ValueError(f"kernel_stats needs one square (T, T) kernel, got shape {Sigma.shape}")
-    q, C = q_values(Sigma), normalised_kernel(Sigma)
-    T = Sigma.shape[0]
-    return {
-        "q_min": float(q.min()), "q_mean": float(q.mean()), "q_max": float(q.max()),
-        "mean_offdiag": mean_offdiag(C),
-        "min_entry": min_entry(C),
-        "first_to_last": float(C[0, -1]) if T > 1 else float("nan"),
-        "adjacent_mean": float(np.diagonal(C, 1).mean()) if T > 1 else float("nan"),
-        "effective_rank": float(effective_rank(Sigma)),
-    }
 
 
 # ---------------------------------------------------------------- SPA targets and schedules
@@ -202,24 +148,3 @@ def spa_schedule(kind, n_layer, final):
     `final` (espa_gammas / uspa_rhos)."""
     _check_kind(kind)
     return espa_gammas(n_layer, final) if kind == "espa" else uspa_rhos(n_layer, final)
-
-
-# ---------------------------------------------------------------- standard attention at init
-
-def uniform_causal_attention(T):
-    """Causal softmax with zero queries and no bias (method §3.4): P[i, j] = 1/(i+1), j <= i."""
-    T = check_T(T)
-    return np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
-
-
-def value_skipinit_attention(T, alpha=1.0, beta=0.0, P=None):
-    """Value-SkipInit mixing (method §4): alpha I + beta P, with P the uniform causal
-    matrix by default (zero queries). At init alpha = 1, beta = 0 it is I, so Sigma passes
-    through the attention sublayer unchanged."""
-    T = check_T(T)
-    if P is None:
-        P = uniform_causal_attention(T)
-    P = np.asarray(P, dtype=np.float64)
-    if P.shape != (T, T):
-        raise ValueError(f"P must have shape ({T}, {T}), got {P.shape}")
-    return alpha * np.eye(T) + beta * P

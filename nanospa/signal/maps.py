@@ -3,8 +3,6 @@
 (T, T) kernel Sigma when n_embd -> inf with the model's own initialisation.
 
     attention_map          Sigma -> A Sigma A^T (heads sharing A, W^V W^O orthogonal; or per head)
-    softmax_attention_map  the mean field of causal softmax with random W^Q, W^K (+ fixed logits,
-                           RoPE's rotation: beyond/positions.py)
     MLPMap                 Sigma'_ij = E[phi_hat(u_i) phi_hat(u_j)], u ~ N(0, Sigma)
     normalise              LayerNorm / RMSNorm (Sigma -> C)
     norm_kernel, residual_weights   a configuration's norm map and residual weights (a, b):
@@ -12,7 +10,8 @@
                            kernel budget's walk both call; the extensions' maps (signal/beyond)
                            are imported only when a configuration names one
 
-Not here: the input kernel (inputs.py), the walk through a whole model (nanospa/predict.py,
+Not here: the input kernel (inputs.py), the mean field of softmax attention with random
+queries and keys (collapse.py: only the predictions use it), the walk through a whole model (nanospa/predict.py,
 above the model, whose variants it reads), the attention matrices themselves (attn_bias.py)
 and the activation's parameters (act_transform.py). Everything is float64 NumPy. The model
 configuration is read by duck typing (its residual, residual_beta, norm, norm_position and
@@ -24,8 +23,8 @@ import math
 import numpy as np
 
 from .act_transform import activation_transform
-from .kernels import flush, normalised_kernel, uniform_causal_attention
-from .qc_maps import LocalMaps
+from .kernels import flush, normalised_kernel
+from .local_maps import LocalMaps
 
 
 def attention_map(Sigma, A):
@@ -37,73 +36,6 @@ def attention_map(Sigma, A):
     if A.ndim == 3:
         return flush(np.mean(A @ Sigma @ np.swapaxes(A, -1, -2), axis=0))
     return flush(A @ Sigma @ A.T)
-
-
-def _root(K):
-    """R with R R^T = K (symmetric eigendecomposition, negative rounding clipped)."""
-    w, V = np.linalg.eigh(K)
-    return V * np.sqrt(np.clip(w, 0.0, None))
-
-
-def softmax_attention_map(Sigma, n_samples=32, seed=0, logit_kernels=None, bias=None, rope=None):
-    """Mean-field kernel map of causal softmax attention with random W^Q, W^K ~ N(0, 1/d)
-    at init, estimated by Monte Carlo: in the wide limit the logits of one head are a
-    Gaussian matrix with Cov(l_ij, l_i'j') = Sigma_ii' Sigma_jj' (queries and keys are
-    independent Gaussian projections of the same tokens), so
-
-        Sigma' = E[P Sigma P^T],  P = softmax_causal(G),  G = chol(Sigma) Z chol(Sigma)^T
-
-    with Z a (T, T) standard normal matrix; averaging over the H heads of a wide layer
-    gives the expectation. n_samples = 0 returns the uniform-attention approximation
-    P = E[P] (exact with zero queries, and the mean of P when all q-values are equal).
-    The estimate is seeded (deterministic); its Monte Carlo error is O(n_samples^-1/2)
-    relative to the off-uniform part.
-
-    logit_kernels: the kernels K_1..K_m whose logit matrices add, G = sum_k R_k Z_k R_k^T
-    with independent Z_k (default [Sigma]): RealFormer's carried scores (the layers' own
-    independent W^Q, W^K) and nGPT's logits, drawn from the normalised kernel
-    (docs/residuals.md). The values are always Sigma.
-
-    Positions acting on the logits (positions.py): bias, a fixed (T, T) or per-head
-    (H, T, T) addition to G (ALiBi, the SPA prior; each sample then uses every head's bias
-    and the heads are averaged); rope, RoPE's frequencies theta (K,), which multiply the
-    covariance by c((j-i) - (j'-i')) = mean_k cos(((j-i) - (j'-i')) theta_k): sampled as
-    G = K^-1/2 sum_k (G_k cos((j-i) theta_k) + G'_k sin((j-i) theta_k)) with 2K independent
-    Gaussian matrices like G above. With neither, the draws are those of the plain map."""
-    T = Sigma.shape[0]
-    P0 = uniform_causal_attention(T)
-    if n_samples <= 0:
-        return attention_map(Sigma, P0 if bias is None else _causal_softmax(np.asarray(bias, dtype=np.float64)))
-    rng = np.random.default_rng(seed)
-    roots = [_root(K) for K in (logit_kernels if logit_kernels is not None else [Sigma])]
-    if rope is not None:
-        phase = (np.arange(T)[None, :] - np.arange(T)[:, None])[None] * np.asarray(rope)[:, None, None]
-        cos, sin = np.cos(phase), np.sin(phase)                # (K, T, T), angle (j - i) theta_k
-
-    def draw(root):                                            # one logit matrix of covariance root root^T
-        if rope is None:
-            return root @ rng.standard_normal((T, T)) @ root.T
-        Z = root @ rng.standard_normal((2, len(rope), T, T)) @ root.T
-        return (Z[0] * cos + Z[1] * sin).sum(axis=0) / np.sqrt(len(rope))
-
-    out = np.zeros_like(Sigma)
-    for _ in range(n_samples):
-        G = draw(roots[0])
-        for root in roots[1:]:                                 # RealFormer: the carried layers' logits
-            G = G + draw(root)
-        P = _causal_softmax(G if bias is None else G + bias)
-        out += np.mean(P @ Sigma @ np.swapaxes(P, -1, -2), axis=0) if P.ndim == 3 else P @ Sigma @ P.T
-    return out / n_samples
-
-
-def _causal_softmax(G):
-    """softmax over j <= i of the last two axes (entries above the diagonal ignored)."""
-    T = G.shape[-1]
-    G = np.where(np.tri(T, dtype=bool), G, -np.inf)
-    G = G - G.max(axis=-1, keepdims=True)
-    with np.errstate(under="ignore"):
-        P = np.exp(G)
-    return P / P.sum(axis=-1, keepdims=True)
 
 
 def normalise(Sigma):

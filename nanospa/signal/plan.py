@@ -12,7 +12,6 @@ attn_bias.layer_bias(plan, l), phi_hat from activation_transform(**plan.activati
 kernel budget (budget.make_plan, docs/kernel_budget.md) is how nanospa chooses the numbers
 by default; read it second. The configuration is read by duck typing (GPTConfig's fields).
 """
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -20,7 +19,6 @@ from types import MappingProxyType
 import numpy as np
 
 from .act_transform import activation_transform, shaped_activation_names
-from .depth_targets import chain_c0
 
 
 def frozen(value):
@@ -110,11 +108,6 @@ def shaping_depth(cfg):
     return cfg.shaping_depth or cfg.n_layer
 
 
-def uses_eta(cfg):
-    """True when the activation's target is TAT leaky ReLU's eta = C_f(0)."""
-    return split_activation(cfg.activation) == ("leaky_relu", "tat")
-
-
 def activation_spec(cfg, eta=None):
     """The keyword arguments of activation_transform for the MLP activation (eta only for
     TAT leaky ReLU): {activation, method} for a plain activation, plus depth, the target
@@ -130,11 +123,3 @@ def activation_spec(cfg, eta=None):
         spec["residual_beta"] = cfg.residual_beta
     activation_transform(**spec)
     return spec
-
-
-def max_eta(cfg):
-    """The largest reachable C_f(0) of the TAT leaky-ReLU stack (plain ReLU layers)."""
-    rb = cfg.residual_beta if cfg.residual == "normalised" else None
-    return chain_c0(1.0 / math.pi, shaping_depth(cfg), rb)
-
-

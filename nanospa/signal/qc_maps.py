@@ -1,7 +1,7 @@
-"""Gaussian means of a phi_hat: quadrature, Q-map, C-map, kernel map, leaky-ReLU closed forms.
+"""Gaussian means of a phi_hat: quadrature, Q-map, C-map, leaky-ReLU closed forms.
 
 Implements docs/activations.md §2, §5 and §8 and the per-entry MLP kernel map of
-docs/method.md §10, for a shaped activation
+docs/method.md §10 (bivariate), for a shaped activation
 
     phi_hat(x) = s * ( phi(a x + b) + o )     (a, b, o, s: input_scale, input_shift,
                                                 output_shift, output_scale)
@@ -14,14 +14,14 @@ Notation
     C(c)         C-map E[phi_hat(u) phi_hat(v)] / Q(q), for inputs of q-value q (default 1)
     alpha        negative_slope of a leaky ReLU
     beta         C(0) of one TAT leaky-ReLU layer, (1 - alpha)^2 / (pi (1 + alpha^2))
-    h_n(q)       Hermite coefficient E[phi_hat(sqrt(q) z) He_n(z)] / sqrt(n!)
 
 Quadrature (§8): probabilists' Gauss-Hermite for smooth phi_hat; for phi_hat with a kink
 (relu, leaky_relu; elu has a jump in phi'') Gauss-Legendre on [-12, 12] split at the kink
 x* = -b/a; for leaky ReLU with b = 0, a > 0 the exact closed forms. All float64 NumPy.
 
 Not here: phi_hat itself (activations.PhiHat, which the engine runs too), the DKS/TAT solvers
-(act_transform.py). phi may be a PhiHat, an ActivationTransform (read through .phi_hat), a base
+(act_transform.py), the kernel map of a whole (T, T) kernel by Hermite series, which the
+predictions and the kernel budget run (local_maps.py, read second). phi may be a PhiHat, an ActivationTransform (read through .phi_hat), a base
 activation's name, or a user's float64 callable (DyT's tanh(alpha x), the tests' references).
 """
 import functools
@@ -34,15 +34,12 @@ from numpy.polynomial.legendre import leggauss
 
 from .activations import PhiHat, base_name
 
-__all__ = ["gauss_rule", "bivariate", "q_map", "c_map", "LocalMaps", "local_cmap",
+__all__ = ["gauss_rule", "bivariate", "q_map", "c_map",
            "lrelu_beta", "alpha_of_beta", "lrelu_cmap_beta", "lrelu_cmap"]
 
 _GH_NODES = 160          # Gauss-Hermite nodes (per axis) for smooth means: ~1e-14 here (§8)
 _GL_NODES = 100          # Gauss-Legendre nodes per piece of the split rule for kinked means
 _GL_RANGE = 12.0         # split rule on [-R, R]: N(0, 1) mass outside is ~4e-33
-_SERIES_NODES = (160, 320)   # Gauss-Hermite sizes tried for the Hermite series; hermegauss
-                             # overflows beyond ~350 nodes
-_SERIES_TAIL = 1e-13     # Parseval tail accepted for the series, relative to max(Q(q), 1)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
@@ -222,106 +219,3 @@ def c_map(phi, c, q=1.0, kink=None, n=None):
     Q = bivariate(h, q, q, 1.0, n)
     out = [bivariate(h, q, q, ci, n) / Q for ci in c.ravel()]
     return np.array(out).reshape(c.shape)[()]
-
-
-# ------------------------------------------------------------ local maps (vectorised)
-
-def _norm_hermite(Z, N):
-    """He_n(Z)/sqrt(n!) for n = 0..N, shape (N+1, len(Z)), by the stable recurrence."""
-    H = np.empty((N + 1, Z.size))
-    H[0] = 1.0
-    if N >= 1:
-        H[1] = Z
-    for k in range(1, N):
-        H[k + 1] = (Z * H[k] - math.sqrt(k) * H[k - 1]) / math.sqrt(k + 1)
-    return H
-
-
-class LocalMaps:
-    """Vectorised kernel maps of one phi_hat (docs/method.md §10).
-
-        C(c)          C-map for q = 1 inputs, any array of c in [-1, 1]
-        Q(q)          Q-map, any array of q >= 0
-        kernel(Sigma) Sigma'_ij = E[phi_hat(u_i) phi_hat(u_j)], u ~ N(0, Sigma): the exact
-                      wide-limit kernel after an MLP nonlinearity, for any input kernel
-                      (..., T, T), diagonal q-values not necessarily 1
-        __call__      = C
-
-    Smooth phi_hat: Hermite series Sigma'_ij = sum_n h_n(q_i) h_n(q_j) rho_ij^n, its
-    truncation error (Parseval tail) checked below 1e-13 Q(q); entries whose q is too
-    large for the series (steep phi_hat, q >~ 100) fall back to 2-D quadrature. Leaky
-    ReLU: closed form. Other kinked (elu): split quadrature per entry (about 1 ms an
-    entry: slow for large T).
-    """
-
-    def __init__(self, phi):
-        self.phi = phi
-        self._h = _as_hat(phi)
-        self.mode = "closed form" if self._h.homogeneous else (
-            "quadrature" if self._h.kink is not None else "hermite")
-        self._c_coef = None
-
-    def _coeffs(self, q):
-        """h_n(q) for each q (shape (M,)) -> (A (M, N+1), ok (M,)): N grows until the
-        Parseval tail Q(q) - sum_n h_n(q)^2 is below 1e-13 Q(q); ok marks converged rows."""
-        for n_nodes in _SERIES_NODES:
-            Z, W = _gh(n_nodes)
-            N = n_nodes // 2                      # keep N well below n_nodes: honest tail
-            F = self._h(np.sqrt(q)[:, None] * Z[None, :])                  # (M, n_nodes)
-            A = (F * W) @ _norm_hermite(Z, N).T                            # (M, N+1)
-            Q = (F * F) @ W
-            ok = Q - np.sum(A * A, axis=1) <= _SERIES_TAIL * np.maximum(Q, 1.0)
-            if np.all(ok):
-                break
-        return A, ok
-
-    def C(self, c):
-        c = np.asarray(c, dtype=np.float64)
-        if np.any(np.abs(c) > 1.0):
-            raise ValueError(f"c must lie in [-1, 1], got [{c.min()}, {c.max()}]")
-        if self.mode != "hermite":
-            return c_map(self.phi, c)
-        if self._c_coef is None:
-            A, ok = self._coeffs(np.array([1.0]))
-            self._c_coef = A[0] * A[0] / np.sum(A[0] * A[0]) if ok[0] else False
-        if self._c_coef is False:                # series too slow: quadrature per c
-            return c_map(self.phi, c)
-        return np.polynomial.polynomial.polyval(c, self._c_coef)[()]
-
-    __call__ = C
-
-    def Q(self, q):
-        return q_map(self.phi, q)
-
-    def kernel(self, Sigma):
-        S = np.asarray(Sigma, dtype=np.float64)
-        if S.ndim < 2 or S.shape[-1] != S.shape[-2]:
-            raise ValueError(f"Sigma must have shape (..., T, T), got {S.shape}")
-        q = np.diagonal(S, axis1=-2, axis2=-1)
-        if np.any(q < 0):
-            raise ValueError("Sigma has a negative diagonal entry")
-        if self.mode == "closed form":
-            return _lrelu_bivariate(self._h, q[..., :, None], q[..., None, :], S)
-        den = np.sqrt(q[..., :, None] * q[..., None, :])
-        with np.errstate(invalid="ignore", divide="ignore"):
-            rho = np.clip(np.where(den > 0, S / den, 0.0), -1.0, 1.0)
-        out = np.zeros_like(S)
-        todo = np.ones(S.shape, dtype=bool)      # entries left for per-entry quadrature
-        if self.mode == "hermite":
-            uq, inv = np.unique(q.ravel(), return_inverse=True)
-            A, ok = self._coeffs(uq)
-            A, ok = A[inv].reshape(q.shape + (-1,)), ok[inv].reshape(q.shape)   # (..., T, N+1)
-            for k in range(A.shape[-1] - 1, -1, -1):                       # Horner in rho
-                out = out * rho + A[..., :, None, k] * A[..., None, :, k]
-            todo = ~(ok[..., :, None] & ok[..., None, :])
-        for idx in zip(*np.nonzero(todo)):       # kinked phi_hat, or q beyond the series
-            i, j = idx[-2], idx[-1]
-            if j <= i:                           # symmetric: fill (i, j) and (j, i)
-                qi, qj = q[idx[:-1]], q[idx[:-2] + (j,)]
-                out[idx] = out[idx[:-2] + (j, i)] = bivariate(self._h, qi, qj, rho[idx])
-        return out
-
-
-def local_cmap(phi):
-    """LocalMaps (C, Q and the full kernel map) of an ActivationTransform or activation name."""
-    return LocalMaps(phi)

@@ -12,7 +12,8 @@ configuration is read by duck typing (GPTConfig's fields).
 import numpy as np
 
 from .attn_bias import dense_layer_bias, realise
-from .kernels import kernel_stats, spa_kernel
+from .collapse import kernel_stats
+from .kernels import spa_kernel
 
 
 def default_depths(L):

@@ -1,11 +1,13 @@
 """The kernel walk of the joint budget (docs/kernel_budget.md): two sequences with no token
 in common, through the blocks of a model at initialisation, and the statistics of the
 result that the joint policy's targets are measured on; WalkMaps, the maps of one block
-that this walk and the policies beyond the default share.
+that this walk and the policies beyond the default share; and A_l of the schedule as a dense
+matrix (spa_matrix: espa_attention, uspa_attention, from the closed forms of attn_bias.py),
+which both multiply kernels by.
 
 Not here: the policies and the solve for their targets (budget.py), the walk of one sequence
 that the policies beyond the default run (beyond/policies.py), the sublayer maps (maps.py),
-the closed forms of A_l (attn_bias.py). The model configuration is read by duck typing
+the closed forms of B_l and D_l (attn_bias.py). The model configuration is read by duck typing
 (GPTConfig's fields).
 
 Notation as in budget.py: K_l the predicted kernel after block l, X_l the kernel between
@@ -13,13 +15,41 @@ two sequences with no token in common, F / C the MLP's kernel map and C-map.
 """
 import numpy as np
 
-from .attn_bias import spa_matrix
-from .kernels import normalised_kernel
+from .attn_bias import _uspa_block, bias_block, espa_bias, uspa_bias
+from .kernels import check_T, flush, normalised_kernel
 from .maps import MLPMap, attention_map, norm_kernel, residual_kernel, residual_weights
 
 COLLAPSED_RTOL = 1e-12            # an input-dependent q below this share of max q: collapsed
 JOINT_SOLVE_T = 64                # the joint solve runs at min(T, this); beyond it the per-position
                                   # statistics are stationary and extrapolated
+
+
+# ------------------------------------------------------------------ A_l of the schedule, dense
+
+def espa_attention(T, gamma, gamma_prev):
+    """A_l of E-SPA, dense (T, T) float64: exp of log A from espa_bias (its parts with a zero
+    row normaliser), entries below kernels.TINY flushed to 0."""
+    p = dict(espa_bias(T, gamma, gamma_prev), lse=np.zeros(check_T(T)))
+    with np.errstate(under="ignore"):
+        return flush(np.exp(bias_block(p, 0, T, 0, T)))
+
+
+def uspa_attention(T, rho, rho_prev):
+    """A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 for U-SPA in closed form (uspa_bias), dense
+    (T, T) float64. The difference phi - psi makes tiny entries accurate to about 1e-16
+    absolute, not relative: entries rounding made negative are set to 0, those below
+    kernels.TINY flushed to 0."""
+    return flush(np.maximum(_uspa_block(uspa_bias(T, rho, rho_prev), 0, T, 0, T), 0.0))
+
+
+def spa_matrix(kind, T, value, value_prev):
+    """The attention-only SPA A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1 of kind "espa" (value =
+    gamma_l) or "uspa" (rho_l) in closed form, (T, T) float64."""
+    if kind == "espa":
+        return espa_attention(T, value, value_prev)
+    if kind == "uspa":
+        return uspa_attention(T, value, value_prev)
+    raise ValueError(f"kind must be 'espa' or 'uspa', got {kind!r}")
 
 
 # ------------------------------------------------------------------ one block

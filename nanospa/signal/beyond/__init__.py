@@ -4,4 +4,5 @@ float64 NumPy like the rest of signal/ (which imports these where a configuratio
     positions.py   ALiBi, RoPE and E-SPA's prior in the logits (docs/positions.md)
     norm_maps.py   BatchNorm (batch kernels), causal BatchNorm, PRepBN, GroupNorm (docs/norms.md)
     residuals.py   the constants of DeepNorm and nGPT (docs/residuals.md)
+    activations.py the activations beyond the paper's and TAT for a smooth phi (docs/activations.md)
 """

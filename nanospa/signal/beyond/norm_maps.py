@@ -49,7 +49,7 @@ import numpy as np
 
 from .. import inputs
 from ..kernels import normalised_kernel
-from ..qc_maps import LocalMaps
+from ..local_maps import LocalMaps
 
 DYT_ALPHA = 0.5             # DyT's initial alpha: DyT(x) = tanh(alpha x) at init (the model uses it)
 
