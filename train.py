@@ -56,6 +56,7 @@ from nanospa.run.fits import check_fits
 from nanospa.run.session import Diverged, Session, settings_of
 from nanospa.run.settings import SettingsError, help_text, run_command, source_notes, wants_help
 from nanospa.predict import predicted_kernels     # averaged over the probe's own sequences
+from nanospa.sampling import generate
 from nanospa.tensor import no_grad
 
 # ----------------------------------------------------------------------------- defaults
@@ -311,7 +312,7 @@ def train(argv):
         # -- sample
         run.stop.disarm("while sampling: stopped; the run is saved")   # a signal now stops at once
         if s["sample_tokens"] and world.is_main:
-            out = model.generate(prompt, s["sample_tokens"], temperature=s["temperature"],
+            out = generate(model, prompt, s["sample_tokens"], temperature=s["temperature"],
                                  top_k=s["top_k"] or None, rng=np.random.default_rng(s["seed"]))
             print("sample:\n" + ds.decode(out[0]))
         return 0

@@ -10,6 +10,7 @@ from nanospa import GPT, GPTConfig, config, signal
 from conftest import tiny_config
 from nanospa.gradcheck import check_directions
 from nanospa.model import ShapedActivation
+from nanospa.sampling import generate
 from nanospa.tensor import Tensor
 
 
@@ -194,7 +195,7 @@ def test_initial_loss_is_near_log_vocab():
 
 def test_generate_shapes():
     model = GPT(tiny())
-    out = model.generate(IDX[:, :3], 5, top_k=4)
+    out = generate(model, IDX[:, :3], 5, top_k=4)
     assert out.shape == (2, 8) and out.dtype == np.int64 and (out < 11).all()
 
 
@@ -337,8 +338,8 @@ def test_generate_checks_its_settings():
                      (dict(max_new_tokens=1, temperature=-1.0), "temperature"),
                      (dict(max_new_tokens=1, top_k=0), "top_k")]:
         with pytest.raises(ValueError, match=f"^generate: {name}"):
-            model.generate(x, **kw)
-    assert model.generate(x, max_new_tokens=3, top_k=1).shape == (1, 5)
+            generate(model, x, **kw)
+    assert generate(model, x, max_new_tokens=3, top_k=1).shape == (1, 5)
 
 
 def test_a_plan_written_by_hand_builds_the_model_without_the_budget(monkeypatch):
