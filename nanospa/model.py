@@ -17,8 +17,8 @@ Attention (per head h; scale 1/sqrt(hs); B_l, D_l from the plan through nanospa.
     uspa / espa      A_h = diag(D_l) softmax(scale Q_h K_h^T + B_l + causal mask)
 
 With dropout p (training mode only; method §2.5) the embedding, each P and each sublayer's
-output pass through nn.Dropout, nanoGPT's places; the model owns their masks' generator
-(dropout_masks, moved on by after_step).
+output pass through nn.Dropout, nanoGPT's places; their masks' generator is beyond/dropout.py's
+(dropout_masks, attached by name, moved on by after_step).
 
 Sampling (generate, and its KV cache: forward's `cache`, and kv_cache = True on each
 variant that is exact with it) is nanospa/sampling.py's, read second.
@@ -482,9 +482,7 @@ class GPT(Module):
         self.ln_f = norm.build(cfg) if norm and cfg.uses_final_norm else None
         self.dropout_masks = None                                     # every Dropout's masks, if any
         if cfg.dropout:                                               # beyond/dropout.py, by name
-            self.dropout_masks = importlib.import_module("nanospa.beyond.dropout").DropoutMasks(seed)
-            for site, d in enumerate(m for m in self.modules() if isinstance(m, Dropout)):
-                d.masks, d.site = self.dropout_masks, site
+            importlib.import_module("nanospa.beyond.dropout").attach(self, seed)
 
     @property
     def activation(self):
@@ -540,13 +538,10 @@ class GPT(Module):
         """Call once after every optimiser step (train.py and the experiments do): each module
         with an ``after_step`` method runs it, in module order. The seam for schemes whose
         state moves with training rather than with gradients (renormalised weights, scheduled
-        mixing coefficients); a model of the paper's variants has none. Then the dropout masks
-        move on to the next step's (DropoutMasks.step)."""
+        mixing coefficients, dropout's masks); a model of the paper's variants has none."""
         for m in self.modules():
             if m is not self and hasattr(m, "after_step"):
                 m.after_step()
-        if self.dropout_masks is not None:
-            self.dropout_masks.step += 1
 
 
 def _token_ids(idx, targets, vocab_size):
