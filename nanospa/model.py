@@ -473,8 +473,8 @@ class GPT(Module):
         make_block, evaluate = getattr(scheme, "block", Block), evaluation(cfg)
         self.blocks = [make_block(cfg, self.plan, l, act, rng, self.position.hooks(l), evaluate)
                        for l in range(1, cfg.n_layer + 1)]
-        if cfg.tie_embeddings:          # logits (x / sqrt(C)) W_e^T: wte's one Parameter (docs/method.md §2.6)
-            self.head, self.tied_scale = None, 1.0 / math.sqrt(C)
+        if cfg.tie_embeddings:          # logits (x / sqrt(C)) W_e^T: beyond/tied.py, by name
+            self.head = importlib.import_module("nanospa.beyond.tied").TiedHead(self.wte, C)
         else:
             self.head = scheme.head(cfg, rng) if hasattr(scheme, "head") else \
                 Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
@@ -515,10 +515,7 @@ class GPT(Module):
                 record.attention.append(backend.to_numpy(layer["attention"]))
         if self.ln_f is not None:
             x = self.ln_f(x)
-        if self.head is not None:
-            logits = self.head(x)                           # (B, T, V)
-        else:                                               # tied: W_e^T scaled to the untied head's N(0, 1/C)
-            logits = (x * self.tied_scale) @ self.wte.weight.T
+        logits = self.head(x)                               # (B, T, V)
         loss = None if targets is None else fused.cross_entropy(logits, targets)
         return logits, loss
 

@@ -11,6 +11,7 @@ initialisation (docs/adding_a_variant.md), and one row of EXTENSIONS:
     residual                 deepnorm: schemes.py; ngpt: ngpt.py (its own block, embedding, head)
     evaluation (of softmax)  by blocks at long T: blockwise.py; RealFormer's carried scores: schemes.py
     dropout's masks          nanoGPT's dropout (nn.Dropout's generator): dropout.py
+    the head                 tied embeddings (the head is W_e^T / sqrt(C)): tied.py
     optimiser                K-FAC: kfac.py; Muon: muon.py; muP's rates: optimizers.py
 
     variant(field, name)     an extension's class, imported on demand
@@ -59,11 +60,12 @@ def resolve_auto(cfg):
 def configure(cfg):
     """The checks of cfg's extension values and fields (ValueError naming the field)."""
     from ..model import REGISTRIES
-    from . import blockwise, dropout, norms, positions, schemes
+    from . import blockwise, dropout, norms, positions, schemes, tied
     for field, known in REGISTRIES.items():
         value = getattr(cfg, field)
         if value not in known and value != "auto":
             variant(field, value, tuple(known))
+    tied.check_config(cfg)
     norms.check_config(cfg)
     schemes.check_config(cfg)
     blockwise.check_config(cfg)
