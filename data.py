@@ -35,7 +35,7 @@ import numpy as np
 
 from nanospa.run import corpus
 from nanospa.run import tokenizer as subword
-from nanospa.run.cache import BYTE_VOCAB, TOKENS_FILE, check_cache, entry, naming_entry, token_dtype  # noqa: F401 (token_dtype: data's API)
+from nanospa.run.cache import BYTE_VOCAB, TOKENS_FILE, check_cache, entry, token_dtype  # noqa: F401 (token_dtype: data's API)
 from nanospa.run.corpus import DataError
 from nanospa.run.settings import SettingsError, parse_settings, run_command
 
@@ -158,13 +158,7 @@ def load_dataset(spec="default", cache_dir=None, val_fraction=DEFAULT_VAL_FRACTI
     arrays = {name: tokens[s] for name, s in splits.items()}
     extra = {}
     if kind == "bpe":                                  # the same byte splits, as BPE tokens
-        ident = dict(fingerprint=meta["fingerprint"], sha256=meta["sha256"], bytes=meta["bytes"],
-                     splits={name: [s.start, s.stop] for name, s in splits.items()})
-        with naming_entry(folder):
-            arrays, codec, bpe = subword.bpe_splits(folder / f"bpe-{n}", arrays, ident, n)
-        extra = dict(tokenizer=tokenizer, codec=codec, bytes_per_token={
-            k: v / max(1, bpe["splits"][k][1] - bpe["splits"][k][0]) for k, v in bpe["bytes_per_split"].items()})
-        meta = dict(meta, tokenizer=tokenizer, vocab_size=codec.vocab_size, dtype=bpe["dtype"], bpe=bpe)
+        arrays, meta, extra = subword.bpe_dataset(folder, arrays, splits, meta, tokenizer, n)
     test = arrays.get("test")
     meta = dict(meta, split={"train": len(arrays["train"]), "val": len(arrays["val"]),
                              "test": None if test is None else len(test),
