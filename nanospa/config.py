@@ -152,11 +152,5 @@ class GPTConfig:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def values(field):
-    """Every value GPTConfig.<field> (attention, residual, norm or pos) takes: the paper's (model.py's
-    registries), then the extensions' (nanospa/beyond, imported here)."""
-    return tuple(REGISTRIES[field]) + tuple(importlib.import_module("nanospa.beyond").EXTENSIONS[field])
-
-
 BEYOND_FIELDS = ("norm_causal", "norm_groups", "prepbn_steps", "prepbn_eta", "attention_impl", "attention_block",
                  "residual_attention", "tie_embeddings", "dropout")

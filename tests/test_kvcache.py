@@ -26,7 +26,7 @@ import warnings
 import numpy as np
 import pytest
 
-from nanospa import GPT, config
+from nanospa import GPT, beyond
 from nanospa.model import ATTENTIONS, Attention
 from nanospa.sampling import KVCache, generate, kv_cache_refusal
 from nanospa.tensor import no_grad
@@ -65,7 +65,7 @@ def settings():
     """(name, GPTConfig fields): one per registered value, with what it needs beside it, then SETTINGS."""
     out = []
     for field in ("attention", "pos", "residual", "norm"):
-        for value in config.values(field):
+        for value in beyond.values(field):
             kw = {field: value, **COMPANIONS.get((field, value), {})}
             if field == "norm" and value != "none":
                 kw["residual"] = "standard"

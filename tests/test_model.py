@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from nanospa import GPT, GPTConfig, config, signal
+from nanospa import GPT, GPTConfig, beyond, config, signal
 from conftest import tiny_config
 from nanospa.gradcheck import check_directions
 from nanospa.model import ShapedActivation
@@ -34,7 +34,7 @@ def combos():
     """Every attention x residual x norm x norm_position GPTConfig accepts, from its own lists
     (a value added there is checked here without a test edit); positions learned with a norm."""
     out = []
-    for a, r, n, p in itertools.product(config.values("attention"), config.values("residual"), config.values("norm"), config.NORM_POSITIONS):
+    for a, r, n, p in itertools.product(beyond.values("attention"), beyond.values("residual"), beyond.values("norm"), config.NORM_POSITIONS):
         if n == "none" and p == "post":
             continue                                      # the same model as pre
         try:
@@ -281,7 +281,7 @@ def test_after_step_calls_each_module_hook_once_in_module_order():
     assert calls == [0, 1, 0, 1]
 
 
-@pytest.mark.parametrize("attention", config.values("attention"))
+@pytest.mark.parametrize("attention", beyond.values("attention"))
 @pytest.mark.parametrize("zero_query", [False, True])
 def test_the_model_at_init_is_what_signal_says_each_attention_is(attention, zero_query):
     """The attention matrices a fresh model applies (its trace) are, layer by layer, the one

@@ -15,6 +15,7 @@ initialisation (docs/adding_a_variant.md), and one row of EXTENSIONS:
     optimiser                K-FAC: kfac.py; Muon: muon.py; muP's rates: optimizers.py
 
     variant(field, name)     an extension's class, imported on demand
+    values(field)            every value of a field: the paper's, then the extensions'
     evaluation(cfg)          the attention evaluation cfg asks for
     resolve_auto(cfg), configure(cfg)   GPTConfig's calls when a field names an extension: its
                              "auto" values, then the checks of the extensions' values and fields
@@ -42,6 +43,13 @@ def variant(field, name, known=()):
     if path is None:
         raise ValueError(f"GPTConfig.{field}={name!r} is not one of {list(known) + list(EXTENSIONS[field])}")
     return _load(path)
+
+
+def values(field):
+    """Every value GPTConfig.<field> (attention, residual, norm or pos) takes: the paper's (model.py's
+    registries), then the extensions' (EXTENSIONS)."""
+    from ..model import REGISTRIES
+    return tuple(REGISTRIES[field]) + tuple(EXTENSIONS[field])
 
 
 def evaluation(cfg):
