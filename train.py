@@ -47,7 +47,7 @@ from nanospa.optim import clip_grad_norm, cosine_lr
 from nanospa.run import distributed, malloc, step, threads
 from nanospa.run.checks import check_settings
 from nanospa.run.fits import check_fits
-from nanospa.run.session import Diverged, Session, settings_of
+from nanospa.run.session import Diverged, Session
 from nanospa.run.settings import help_text, run_command, source_notes, wants_help
 from nanospa.predict import predicted_kernels     # averaged over the probe's own sequences
 from nanospa.sampling import generate
@@ -95,13 +95,8 @@ TRAIN_DEFAULTS = dict(
     top_k=40,                  # sample among the k most likely tokens; 0 = all
 )
 PRESETS = {  # --preset=NAME: applied first, so explicit --key=value settings win
-    # Its learning rate: the width study (docs/results.md, "How the learning rate scales") fits
-    # vanilla E-SPA's best AdamW rate as 3.5e-4 (width / 64)^-1.10 (depth / 24)^-1.31 at batch
-    # 8 x T 64: 2e-5 here. This batch carries 16x the tokens; 4e-5 (on one H200 with the engine
-    # of 2026-11-30, commit 0a3701e: val 2.18 at step 450, 1e-4: 2.48, 3e-4 and above diverged
-    # within 250 steps; ~0.28 s/step) is within 2x of the rule and below its edge.
-    # python -m nanospa.bench.gpu_check measures this engine's speed and sweeps the rate.
-    # The default corpus is only 2 MB: runs much longer than this one start to overfit it.
+    # Its learning rate, 4e-5: within 2x of the width study's rule and below its divergence edge
+    # (docs/running.md says how it was chosen; python -m nanospa.bench.gpu_check sweeps it).
     "gpu": dict(device="cuda", n_layer=36, n_head=8, n_embd=512, block_size=256, batch_size=32,
                 max_iters=2000, eval_interval=250, checkpoint_interval=250, eval_iters=20,
                 warmup_iters=200, learning_rate=4e-5, min_lr=4e-6),
@@ -112,10 +107,6 @@ DEFAULTS = {**TRAIN_DEFAULTS, **OPTIMIZER_DEFAULTS, **{f.name: f.default for f i
 EVAL_SEED = 1234       # the fixed evaluation batches do not depend on --seed, so runs compare
 PROBE_ROWS = 4         # sequences of the fixed batch on which the signal statistics are measured
 SIGNAL_POSITIONS = 256 # ... on their first positions: cos[l], q[l] over a (256, 256) kernel, whatever T
-
-
-def parse_args(argv, defaults=DEFAULTS):
-    return settings_of(argv, defaults, PRESETS)
 
 
 def usage():

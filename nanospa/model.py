@@ -128,12 +128,8 @@ class Attention(Module):
     softmax is computed (dense_attention, or by blocks at long T); the paper's variants have
     no hooks.
 
-    With a KVCache (nanospa/sampling.py) forward takes the new positions only, start..
-    (start: the positions the cache holds): their queries, keys and values, the keys rotated
-    or normalised by the hooks at their own positions, join the cache's, and the new rows of
-    P come from the new queries against every key kept; the fixed logits are the rows start..
-    of the full bias (dense_bias), output scales by the rows start.. of D_l. kv_cache = True
-    says a kind computes exactly that (sampling.kv_cache_refusal)."""
+    With a KVCache forward takes the new positions start.. only, and kv_cache = True says a
+    kind computes their rows exactly (nanospa/sampling.py says how)."""
     kv_cache = True     # the new rows of softmax(scale Q K^T + mask) V, from the keys and values kept
 
     @staticmethod

@@ -3,10 +3,14 @@ second: train.py's last step and sample.py call it, the training path never does
 
 generate keeps each block's keys and values (KVCache) and runs each new token alone at its
 position, where every variant of the model states on its own class that this is exact
-(kv_cache = True; kv_cache_refusal), else it runs the whole window per token. The model's
-side of the cache is one argument: GPT.forward(idx, cache=...) takes the new positions only,
-start.. (start: the positions the cache holds), and each block's attention joins their keys
-and values to those kept (model.Attention's forward).
+(kv_cache = True; kv_cache_refusal), else it runs the whole window per token.
+
+The model's side of the cache is one argument: GPT.forward(idx, cache=...) takes the new
+positions only, start.. (start: the positions the cache holds). In each block's attention
+(model.Attention.forward) their queries, keys and values, the keys rotated or normalised by
+the hooks at their own positions, join the cache's, and the new rows of P come from the new
+queries against every key kept; the fixed logits are the rows start.. of the full bias
+(model.dense_bias), output scales by the rows start.. of D_l.
 """
 import math
 
