@@ -4,7 +4,7 @@ What lives here: byte-level tokens (`encode`, `decode`, `token_dtype`, VOCAB_SIZ
 `encode_prompt` (a prompt's ids, checked before a run or a sample starts);
 `load_dataset`, which turns a dataset spec into a `Dataset` of memory-mapped train / val
 (/ test) token arrays, building its cache entry once, in byte tokens or (tokenizer="bpe:N")
-in the subword tokens of nanospa/run/tokenizer.py; `check_tokenizer`; `check_length`, `get_batch`
+in the subword tokens of nanospa/run/tokenizer.py; `check_length`, `get_batch`
 (random windows), `unigram_entropy` (the loss of the best context-free predictor;
 docs/method.md section 10 compares training runs with it);
 DataError; and `python data.py`, which prepares a dataset and prints a one-line summary.
@@ -35,7 +35,7 @@ import numpy as np
 
 from nanospa.run import corpus
 from nanospa.run import tokenizer as subword
-from nanospa.run.cache import BYTE_VOCAB, TOKENS_FILE, check_cache, entry, naming_entry, token_dtype  # noqa: F401 (token_dtype: data's API)
+from nanospa.run.cache import BYTE_VOCAB, TOKENS_FILE, check_cache, entry, token_dtype  # noqa: F401 (token_dtype: data's API)
 from nanospa.run.corpus import DataError
 from nanospa.run.settings import SettingsError, parse_settings, run_command
 
@@ -122,11 +122,6 @@ class Dataset:
 
 # ----------------------------------------------------------------------------- cache entry
 
-def check_tokenizer(spec):
-    """TokenizerError (one line) unless spec is "byte" or "bpe:N" with `tokenizers` installed."""
-    return subword.check(spec)
-
-
 def load_dataset(spec="default", cache_dir=None, val_fraction=DEFAULT_VAL_FRACTION, min_tokens=None,
                  tokenizer="byte"):
     """Prepare (once) and open a dataset; `spec` is one of corpus.SPECS.
@@ -134,12 +129,12 @@ def load_dataset(spec="default", cache_dir=None, val_fraction=DEFAULT_VAL_FRACTI
     val_fraction: the last fraction of the tokens is validation, 0 < val_fraction < 1
     (ignored by WikiText archives and folders, which come with their own splits).
     min_tokens: if given, DataError when the dataset has fewer tokens in total.
-    tokenizer: "byte", or "bpe:N" (checked first: check_tokenizer); with BPE the train /
+    tokenizer: "byte", or "bpe:N" (checked first: run/tokenizer.check); with BPE the train /
     val split point moves back to the start of the UTF-8 character it falls in, if needed.
     Returns a Dataset whose train/val are np.memmap views of <cache>/<key>/tokens.bin
     (bytes) or <cache>/<key>/bpe-N/tokens.bin (BPE).
     """
-    kind, n = check_tokenizer(tokenizer)               # before any long work
+    kind, n = subword.check(tokenizer)                 # before any long work: a bad spec, no package
     if not (isinstance(val_fraction, (int, float)) and 0 < val_fraction < 1):
         raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction!r}")
     cache = check_cache(cache_dir)                     # DataError: a file where the folder should be
@@ -158,13 +153,7 @@ def load_dataset(spec="default", cache_dir=None, val_fraction=DEFAULT_VAL_FRACTI
     arrays = {name: tokens[s] for name, s in splits.items()}
     extra = {}
     if kind == "bpe":                                  # the same byte splits, as BPE tokens
-        ident = dict(fingerprint=meta["fingerprint"], sha256=meta["sha256"], bytes=meta["bytes"],
-                     splits={name: [s.start, s.stop] for name, s in splits.items()})
-        with naming_entry(folder):
-            arrays, codec, bpe = subword.bpe_splits(folder / f"bpe-{n}", arrays, ident, n)
-        extra = dict(tokenizer=tokenizer, codec=codec, bytes_per_token={
-            k: v / max(1, bpe["splits"][k][1] - bpe["splits"][k][0]) for k, v in bpe["bytes_per_split"].items()})
-        meta = dict(meta, tokenizer=tokenizer, vocab_size=codec.vocab_size, dtype=bpe["dtype"], bpe=bpe)
+        arrays, meta, extra = subword.bpe_dataset(folder, arrays, splits, meta, tokenizer, n)
     test = arrays.get("test")
     meta = dict(meta, split={"train": len(arrays["train"]), "val": len(arrays["val"]),
                              "test": None if test is None else len(test),

@@ -7,7 +7,7 @@ configuration and weights, and continues the prompt num_samples times with the c
 own tokenizer (bytes, or the byte-level BPE of its corpus, read from the data cache; refused
 when the corpus or the tokenizer is no longer the one the checkpoint records). The prompt is
 text, or @FILE for a file's text. Each layer's keys and values are kept between tokens
-(--kv_cache, GPT.generate: the same tokens as without). Exit status: 0 done; 2 with one
+(--kv_cache, sampling.generate: the same tokens as without). Exit status: 0 done; 2 with one
 error: line for a bad setting or a missing, partial, non-finite or foreign checkpoint
 (nothing is trained or written).
 """
@@ -19,11 +19,12 @@ import numpy as np
 from data import decode, encode, encode_prompt, load_dataset
 from nanospa import backend
 from nanospa.config import GPTConfig
-from nanospa.model import GPT, kv_cache_refusal
+from nanospa.model import GPT
 from nanospa.run.checkpoint import (CheckpointError, data_identity, describe_data, different_data, load_checkpoint,
                                     non_finite_arrays)
 from nanospa.run.rundir import CKPT_FILE
 from nanospa.run.settings import SettingsError, help_text, parse_settings, run_command, source_notes, wants_help
+from nanospa.sampling import generate, kv_cache_refusal
 
 DEFAULTS = dict(
     out_dir="out",             # the run to sample: out_dir/ckpt.npz
@@ -113,7 +114,7 @@ def sample(s):
     if s["kv_cache"] and why:
         print(f"note: sampling without the KV cache, a window's forward per token ({why})", file=sys.stderr)
     for i in range(s["num_samples"]):
-        out = model.generate(idx[None, :], s["max_new_tokens"], temperature=s["temperature"],
+        out = generate(model, idx[None, :], s["max_new_tokens"], temperature=s["temperature"],
                              top_k=s["top_k"] or None, rng=rng, cache=s["kv_cache"])
         print(f"--- sample {i + 1}\n{dec(out[0])}")
     return 0

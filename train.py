@@ -15,17 +15,10 @@ how resuming works, and every exit status (0 done, 1 diverged, 2 bad input or en
 
 The loop shows each step as nanoGPT's does: the batch, forward and loss, backward, clip,
 the optimiser step, zero_grad, then log, evaluate, checkpoint. What makes it a step of a
-parallel run sits behind calls named for it (nanospa/run/step.py): the micro-batches of
-gradient accumulation and, under MPI, this rank's rows of each (step.micro_batches); the
-forward by slices of the batch on the worker threads, whose loss.backward() runs each
-slice's backward on its thread and adds the gradients in slice order (step.forward,
-threads.SlicedLoss); K-FAC's curvature pass (step.update_curvature); the mean gradient over
-the ranks (world.allreduce_grads); the step's one read from the device (step.read).
-
-Behind one call each (nanospa/run/): the settings and the out_dir (session.py: lock, log,
-checkpoints, resume, and what a signal does to the loop, all in one place: a signal ends
-the loop with the state saved, and train() returns 128 + N), the processes
-(distributed.py), the worker threads (threads.py) and the allocator's thresholds (malloc.py).
+parallel run (micro-batches, slices on worker threads, MPI ranks, K-FAC's curvature pass)
+sits behind calls named for it (nanospa/run/step.py); the out_dir, log, checkpoints,
+resumption and what a signal does behind the Session (run/session.py: a signal ends the loop
+with the state saved, and train() returns 128 + N); the settings' checks in run/checks.py.
 """
 import os
 
@@ -44,18 +37,20 @@ from dataclasses import fields
 import numpy as np
 from tqdm import tqdm
 
-from data import check_length, check_tokenizer, encode_prompt, get_batch, load_dataset, unigram_entropy
+from data import check_length, encode_prompt, get_batch, load_dataset, unigram_entropy
 from nanospa import backend
-from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, RATES, check_optimizer, make_optimizer, rates_for
+from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, RATES, make_optimizer, rates_for
 from nanospa.config import GPTConfig
 from nanospa.measure import layer_stats, measured_kernels, show
 from nanospa.model import GPT, evaluation
 from nanospa.optim import clip_grad_norm, cosine_lr
 from nanospa.run import distributed, malloc, step, threads
+from nanospa.run.checks import check_settings
 from nanospa.run.fits import check_fits
-from nanospa.run.session import Diverged, Session, settings_of
-from nanospa.run.settings import SettingsError, help_text, run_command, source_notes, wants_help
+from nanospa.run.session import Diverged, Session
+from nanospa.run.settings import help_text, run_command, source_notes, wants_help
 from nanospa.predict import predicted_kernels     # averaged over the probe's own sequences
+from nanospa.sampling import generate
 from nanospa.tensor import no_grad
 
 # ----------------------------------------------------------------------------- defaults
@@ -100,13 +95,8 @@ TRAIN_DEFAULTS = dict(
     top_k=40,                  # sample among the k most likely tokens; 0 = all
 )
 PRESETS = {  # --preset=NAME: applied first, so explicit --key=value settings win
-    # Its learning rate: the width study (docs/results.md, "How the learning rate scales") fits
-    # vanilla E-SPA's best AdamW rate as 3.5e-4 (width / 64)^-1.10 (depth / 24)^-1.31 at batch
-    # 8 x T 64: 2e-5 here. This batch carries 16x the tokens; 4e-5 (on one H200 with the engine
-    # of 2026-11-30, commit 0a3701e: val 2.18 at step 450, 1e-4: 2.48, 3e-4 and above diverged
-    # within 250 steps; ~0.28 s/step) is within 2x of the rule and below its edge.
-    # python -m nanospa.bench.gpu_check measures this engine's speed and sweeps the rate.
-    # The default corpus is only 2 MB: runs much longer than this one start to overfit it.
+    # Its learning rate, 4e-5: within 2x of the width study's rule and below its divergence edge
+    # (docs/running.md says how it was chosen; python -m nanospa.bench.gpu_check sweeps it).
     "gpu": dict(device="cuda", n_layer=36, n_head=8, n_embd=512, block_size=256, batch_size=32,
                 max_iters=2000, eval_interval=250, checkpoint_interval=250, eval_iters=20,
                 warmup_iters=200, learning_rate=4e-5, min_lr=4e-6),
@@ -117,42 +107,6 @@ DEFAULTS = {**TRAIN_DEFAULTS, **OPTIMIZER_DEFAULTS, **{f.name: f.default for f i
 EVAL_SEED = 1234       # the fixed evaluation batches do not depend on --seed, so runs compare
 PROBE_ROWS = 4         # sequences of the fixed batch on which the signal statistics are measured
 SIGNAL_POSITIONS = 256 # ... on their first positions: cos[l], q[l] over a (256, 256) kernel, whatever T
-CHECKS = [  # settings GPTConfig does not check itself: (keys, test, what a good value is)
-    (("batch_size", "block_size", "eval_interval", "eval_iters", "log_interval", "checkpoint_interval", "grad_accum"),
-     lambda v: v > 0, "a positive integer"),
-    (("threads", "seed", "max_iters", "warmup_iters", "lr_decay_iters", "sample_tokens", "top_k"),
-     lambda v: v >= 0, ">= 0"),
-    (("learning_rate", "min_lr", "weight_decay", "grad_clip"), lambda v: 0 <= v < math.inf, "finite and >= 0"),
-    (("beta1", "beta2"), lambda v: 0 <= v < 1, "in [0, 1)"),
-    (("temperature",), lambda v: 0 < v < math.inf, "finite and > 0"),
-    (("device",), lambda v: v in ("cpu", "cuda"), "'cpu' or 'cuda'"),
-    (("init_from",), lambda v: v in ("scratch", "resume"), "'scratch' or 'resume'"),
-    (("start",), lambda v: v != "", "a non-empty prompt"),
-]
-
-
-def parse_args(argv, defaults=DEFAULTS):
-    return settings_of(argv, defaults, PRESETS)
-
-
-def check_settings(s, explicit=(), unset="the default"):
-    """SettingsError naming the first bad setting, as the user wrote it (`explicit`: the keys
-    set on the command line; the others are named as coming from `unset`); then GPTConfig's
-    own check of the model's fields, before any data is read."""
-    check_tokenizer(s["tokenizer"])                   # a bad spec, or bpe:N without its package: one line now
-    for keys, ok, what in CHECKS:
-        for key in keys:
-            if not ok(s[key]):
-                raise SettingsError(f"{key} must be {what}, got {s[key]!r}")
-    try:
-        check_optimizer(s)                            # --optimizer and the kfac_* settings
-    except ValueError as e:
-        raise SettingsError(str(e)) from None
-    if s["min_lr"] > s["learning_rate"]:
-        given = lambda k: f"{k}={s[k]!r}" + ("" if k in explicit else f" ({unset})")
-        raise SettingsError(f"{given('min_lr')} is above {given('learning_rate')}: the learning rate would "
-                            "rise during the decay; set --min_lr to at most --learning_rate")
-    GPTConfig(**{k: s[k] for k in MODEL_KEYS})        # ValueError names a bad model field
 
 
 def usage():
@@ -311,7 +265,7 @@ def train(argv):
         # -- sample
         run.stop.disarm("while sampling: stopped; the run is saved")   # a signal now stops at once
         if s["sample_tokens"] and world.is_main:
-            out = model.generate(prompt, s["sample_tokens"], temperature=s["temperature"],
+            out = generate(model, prompt, s["sample_tokens"], temperature=s["temperature"],
                                  top_k=s["top_k"] or None, rng=np.random.default_rng(s["seed"]))
             print("sample:\n" + ds.decode(out[0]))
         return 0

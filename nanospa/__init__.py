@@ -4,7 +4,7 @@ on a hand-written NumPy/CuPy autograd.
 Reading order (README.md's reading guide, first pass): backend -> tensor -> functions ->
 shape_ops -> fused -> nn -> optim -> signal/ (its own order) -> config -> model -> train.py.
 Second pass: signal/budget.py and walks.py (the kernel budget), predict.py and measure.py,
-gradcheck.py.
+gradcheck.py, sampling.py (generate and its KV cache).
 """
 from . import backend
 from .tensor import Tensor, Function, no_grad

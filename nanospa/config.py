@@ -56,7 +56,6 @@ class GPTConfig:
     zero_query: bool = False       # softmax attention: W^Q = 0 at init (uniform attention)
     skipinit_per_head: bool = False  # Value-SkipInit: alpha, beta per head instead of per layer
     bias: bool = False             # bias vectors in linear layers
-    tie_embeddings: bool = False   # the head is W_e^T / sqrt(n_embd), the token embedding's one Parameter (nanoGPT's tying)
     # -- beyond the paper: read by nanospa/beyond/ (checked there when one is set)
     norm_causal: bool = False      # batchnorm, prepbn: statistics over positions <= t only (no future leakage)
     norm_groups: int = 4           # groupnorm: groups of n_embd / norm_groups channels; 1 = LayerNorm
@@ -65,6 +64,7 @@ class GPTConfig:
     attention_impl: str = "auto"   # auto (dense up to T = 256, else by blocks: nanospa/beyond/blockwise.py) | dense | blockwise
     attention_block: int = 0       # blockwise attention's query/key block size; 0 = chosen by T
     residual_attention: bool = False  # RealFormer: pre-softmax scores carried to the next layer (dense only)
+    tie_embeddings: bool = False   # the head is W_e^T / sqrt(n_embd), the token embedding's one Parameter (nanoGPT's tying; beyond/tied.py)
     dropout: float = 0.0           # inverted dropout in training mode: attention probabilities, sublayer outputs, embedding (nanoGPT's; beyond/dropout.py)
 
     def __post_init__(self):
@@ -123,8 +123,6 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.tau must be > 0, got {self.tau}")
         if self.shaping_depth < 0:
             raise ValueError(f"GPTConfig.shaping_depth must be >= 0, got {self.shaping_depth}")
-        if not isinstance(self.tie_embeddings, bool):
-            raise ValueError(f"GPTConfig.tie_embeddings must be True or False, got {self.tie_embeddings!r}")
         if beyond:
             beyond.configure(self)                      # the extensions' values and fields
 
@@ -154,11 +152,5 @@ class GPTConfig:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def values(field):
-    """Every value GPTConfig.<field> (attention, residual, norm or pos) takes: the paper's (model.py's
-    registries), then the extensions' (nanospa/beyond, imported here)."""
-    return tuple(REGISTRIES[field]) + tuple(importlib.import_module("nanospa.beyond").EXTENSIONS[field])
-
-
 BEYOND_FIELDS = ("norm_causal", "norm_groups", "prepbn_steps", "prepbn_eta", "attention_impl", "attention_block",
-                 "residual_attention", "dropout")
+                 "residual_attention", "tie_embeddings", "dropout")

@@ -17,12 +17,11 @@ Attention (per head h; scale 1/sqrt(hs); B_l, D_l from the plan through nanospa.
     uspa / espa      A_h = diag(D_l) softmax(scale Q_h K_h^T + B_l + causal mask)
 
 With dropout p (training mode only; method §2.5) the embedding, each P and each sublayer's
-output pass through nn.Dropout, nanoGPT's places; the model owns their masks' generator
-(dropout_masks, moved on by after_step).
+output pass through nn.Dropout, nanoGPT's places; their masks' generator is beyond/dropout.py's
+(dropout_masks, attached by name, moved on by after_step).
 
-GPT.generate keeps each block's keys and values (KVCache) and runs each new token alone at its
-position, where every variant of the model states on its own class that this is exact
-(kv_cache = True; kv_cache_refusal), else it runs the whole window per token.
+Sampling (generate, and its KV cache: forward's `cache`, and kv_cache = True on each
+variant that is exact with it) is nanospa/sampling.py's, read second.
 
 A variant is one class in one registry, its forward beside what it is at initialisation
 (docs/adding_a_variant.md): ATTENTIONS (at_init: the matrix A_l a block applies), NORMS and
@@ -61,7 +60,6 @@ from .functions import Shaped
 from .nn import Dropout, Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, orthogonal
 from .tensor import Tensor, no_grad
 
-MIN_TEMPERATURE = 1e-6  # generate(): temperature 0 means greedy; logits are divided by at least this
 DENSE_MAX_T = 256       # attention_impl "auto": the whole (T, T) matrix up to this block_size; beyond,
                         # attention by blocks (nanospa/beyond/blockwise.py)
 
@@ -101,7 +99,7 @@ def dense_attention(q, k, v, scale, bias, carry=None, drop=None):
     return (P if drop is None else drop(P)) @ v, P                 # (B, H, n, hs)
 
 
-dense_attention.kv_cache = True     # generate's cache: the new rows of P, exactly (kv_cache_refusal)
+dense_attention.kv_cache = True     # the new rows of P, exactly (sampling.kv_cache_refusal)
 
 
 def dense_bias(bias, T, dtype, n=None):
@@ -130,12 +128,8 @@ class Attention(Module):
     softmax is computed (dense_attention, or by blocks at long T); the paper's variants have
     no hooks.
 
-    With a KVCache (GPT.generate) forward takes the new positions only, start.. (start: the
-    positions the cache holds): their queries, keys and values, the keys rotated or normalised
-    by the hooks at their own positions, join the cache's, and the new rows of P come from the
-    new queries against every key kept; the fixed logits are the rows start.. of the full
-    bias (dense_bias), output scales by the rows start.. of D_l. kv_cache = True says a kind
-    computes exactly that (kv_cache_refusal)."""
+    With a KVCache forward takes the new positions start.. only, and kv_cache = True says a
+    kind computes their rows exactly (nanospa/sampling.py says how)."""
     kv_cache = True     # the new rows of softmax(scale Q K^T + mask) V, from the keys and values kept
 
     @staticmethod
@@ -448,55 +442,6 @@ def evaluation(cfg):
     return importlib.import_module("nanospa.beyond").evaluation(cfg)
 
 
-# ----------------------------------------------------------------------------- generation's cache
-
-class KVCache:
-    """One block's keys and values of the positions seen so far (GPT.generate): buffers (B, H,
-    block_size, hs) of the model's dtype and device whose first `length` rows are filled, the
-    keys after the hooks (RoPE's rotation at their own positions, nGPT's unit k). The next
-    position the block sees is `length`."""
-
-    def __init__(self, size):
-        self.size, self.length, self.k, self.v = size, 0, None, None
-
-    def append(self, k, v):
-        """Keep the new positions' keys and values (Tensors (B, H, n, hs)) -> Tensors of all
-        those kept, (B, H, length, hs) (views of the buffers, no copy)."""
-        t, n = self.length, k.shape[-2]
-        if t + n > self.size:
-            raise ValueError(f"KVCache: {t} positions kept and {n} new exceed block_size {self.size}")
-        if self.k is None:
-            shape = k.shape[:-2] + (self.size, k.shape[-1])
-            xp = backend.xp_of(k.data)
-            self.k, self.v = xp.empty(shape, dtype=k.dtype), xp.empty(shape, dtype=v.dtype)
-        self.k[..., t:t + n, :] = k.data
-        self.v[..., t:t + n, :] = v.data
-        self.length = t + n
-        return Tensor(self.k[..., :t + n, :]), Tensor(self.v[..., :t + n, :])
-
-
-def kv_cache_refusal(cfg):
-    """Why GPT.generate runs cfg's model without a KV cache (a sentence), or None when it keeps
-    one. Each variant cfg names (attention kind, position scheme, residual, norm; an extension's
-    class too) and the attention's evaluation (model.evaluation) must state on itself, not by
-    inheritance (a subclass changes what it computes), kv_cache = True, or a function of cfg
-    returning True: that its forward on the new positions alone, with a KVCache, gives the full
-    forward's rows of them. A variant that states nothing, or a reason instead, is not cached."""
-    parts = [(f"{field}={getattr(cfg, field)!r}", variant(field, getattr(cfg, field))) for field in REGISTRIES]
-    parts.append((f"its attention evaluation (attention_impl={cfg.attention_impl!r}, residual_attention="
-                  f"{cfg.residual_attention})", evaluation(cfg)))
-    for name, part in parts:
-        if part is None:                                   # norm="none": nothing there
-            continue
-        own = vars(part) if isinstance(part, type) else getattr(part, "__dict__", {})
-        said = getattr(part, "kv_cache") if "kv_cache" in own else None
-        said = said(cfg) if callable(said) else said
-        if said is not True:
-            return f"{name}: " + (said if isinstance(said, str) else "it does not say that it is exact with a "
-                                  "KV cache (kv_cache = True on its own class: model.kv_cache_refusal)")
-    return None
-
-
 # ----------------------------------------------------------------------------- the model
 
 class Trace:
@@ -524,8 +469,8 @@ class GPT(Module):
         make_block, evaluate = getattr(scheme, "block", Block), evaluation(cfg)
         self.blocks = [make_block(cfg, self.plan, l, act, rng, self.position.hooks(l), evaluate)
                        for l in range(1, cfg.n_layer + 1)]
-        if cfg.tie_embeddings:          # logits (x / sqrt(C)) W_e^T: wte's one Parameter (docs/method.md §2.6)
-            self.head, self.tied_scale = None, 1.0 / math.sqrt(C)
+        if cfg.tie_embeddings:          # logits (x / sqrt(C)) W_e^T: beyond/tied.py, by name
+            self.head = importlib.import_module("nanospa.beyond.tied").TiedHead(self.wte, C)
         else:
             self.head = scheme.head(cfg, rng) if hasattr(scheme, "head") else \
                 Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
@@ -533,9 +478,7 @@ class GPT(Module):
         self.ln_f = norm.build(cfg) if norm and cfg.uses_final_norm else None
         self.dropout_masks = None                                     # every Dropout's masks, if any
         if cfg.dropout:                                               # beyond/dropout.py, by name
-            self.dropout_masks = importlib.import_module("nanospa.beyond.dropout").DropoutMasks(seed)
-            for site, d in enumerate(m for m in self.modules() if isinstance(m, Dropout)):
-                d.masks, d.site = self.dropout_masks, site
+            importlib.import_module("nanospa.beyond.dropout").attach(self, seed)
 
     @property
     def activation(self):
@@ -551,7 +494,7 @@ class GPT(Module):
 
     def forward(self, idx, targets=None, record=None, cache=None):
         """Logits (B, T, V) of idx (B, T), and the loss with targets. cache: a list of one
-        KVCache per block (generate's), holding `length` positions: idx are then the next
+        sampling.KVCache per block (generate's), holding `length` positions: idx are then the next
         positions (length..), and the logits theirs, computed against the keys and values kept."""
         idx, targets = _token_ids(idx, targets, self.config.vocab_size)   # on the model's device
         start = 0 if cache is None else cache[0].length    # the position of idx's first token
@@ -568,10 +511,7 @@ class GPT(Module):
                 record.attention.append(backend.to_numpy(layer["attention"]))
         if self.ln_f is not None:
             x = self.ln_f(x)
-        if self.head is not None:
-            logits = self.head(x)                           # (B, T, V)
-        else:                                               # tied: W_e^T scaled to the untied head's N(0, 1/C)
-            logits = (x * self.tied_scale) @ self.wte.weight.T
+        logits = self.head(x)                               # (B, T, V)
         loss = None if targets is None else fused.cross_entropy(logits, targets)
         return logits, loss
 
@@ -584,52 +524,6 @@ class GPT(Module):
             self.forward(idx, record=tr)
         return tr
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, rng=None, cache=True):
-        """Sample ``max_new_tokens`` continuations of idx (B, T) with the last block_size tokens
-        as context, in evaluation mode (the mode before is restored). Returns a host int64
-        array (B, T + max_new_tokens).
-
-        cache=True keeps each block's keys and values (KVCache) where every variant of the
-        model says it is exact (kv_cache_refusal): the context's last block_size tokens run
-        once (the prefill), then each new token runs alone at its position against the keys
-        and values kept, O(t) work at position t instead of a whole window's forward. Once the
-        context passes block_size the window moves and every position changes, so the moved
-        window runs again from an empty cache, as in the uncached loop: from then on each token
-        costs one window's forward either way (O(n) only within the window). The tokens are the
-        uncached loop's, the logits equal to rounding (tests/test_kvcache.py). cache=False, or
-        a model kv_cache_refusal refuses, runs the uncached loop: a window's forward per token."""
-        if not (isinstance(max_new_tokens, (int, np.integer)) and max_new_tokens >= 0):
-            raise ValueError(f"generate: max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        if not (math.isfinite(temperature) and temperature >= 0):
-            raise ValueError(f"generate: temperature must be finite and >= 0, got {temperature!r}")
-        if top_k is not None and not (isinstance(top_k, (int, np.integer)) and top_k >= 1):
-            raise ValueError(f"generate: top_k must be None or an integer >= 1, got {top_k!r}")
-        if not isinstance(cache, (bool, np.bool_)):
-            raise ValueError(f"generate: cache must be True or False, got {cache!r}")
-        rng = rng if rng is not None else np.random.default_rng(0)
-        idx = _as_index(idx, "generate: idx", self.config.vocab_size)   # forward's checks: no silent int cast
-        out = np.asarray(backend.to_numpy(idx), dtype=np.int64)
-        T, kept = self.config.block_size, None
-        cached = cache and kv_cache_refusal(self.config) is None
-        with no_grad(), self.evaluating():                  # BatchNorm, PRepBN: running statistics
-            for _ in range(max_new_tokens):
-                if not cached:
-                    logits, _ = self(out[:, -T:])
-                elif kept is not None and kept[0].length < T:     # the next position of the window
-                    logits, _ = self(out[:, -1:], cache=kept)
-                else:                                              # the prompt, or the window moved
-                    kept = [KVCache(T) for _ in self.blocks]
-                    logits, _ = self(out[:, -T:], cache=kept)
-                z = backend.to_numpy(logits.data[:, -1, :]).astype(np.float64) / max(temperature, MIN_TEMPERATURE)
-                if top_k is not None:
-                    kth = np.sort(z, axis=-1)[:, -min(top_k, z.shape[-1])][:, None]
-                    z = np.where(z < kth, -np.inf, z)
-                p = np.exp(z - z.max(axis=-1, keepdims=True))
-                p /= p.sum(axis=-1, keepdims=True)
-                nxt = np.array([rng.choice(p.shape[-1], p=row) for row in p])
-                out = np.concatenate([out, nxt[:, None]], axis=1)
-        return out
-
     def num_params(self):
         return sum(p.size for p in self.parameters())
 
@@ -637,25 +531,15 @@ class GPT(Module):
         """Call once after every optimiser step (train.py and the experiments do): each module
         with an ``after_step`` method runs it, in module order. The seam for schemes whose
         state moves with training rather than with gradients (renormalised weights, scheduled
-        mixing coefficients); a model of the paper's variants has none. Then the dropout masks
-        move on to the next step's (DropoutMasks.step)."""
+        mixing coefficients, dropout's masks); a model of the paper's variants has none."""
         for m in self.modules():
             if m is not self and hasattr(m, "after_step"):
                 m.after_step()
-        if self.dropout_masks is not None:
-            self.dropout_masks.step += 1
-
-
-def _as_index(idx, name, vocab_size):
-    """idx as a (B, T) integer array of the model's device, every id in [0, vocab_size): a
-    padding id such as -1 would otherwise be read as the last token (nanospa has no ignore
-    index), and an empty batch would give a loss of 0."""
-    return backend.asarray(_checked_ids(idx, name, vocab_size))
 
 
 def _token_ids(idx, targets, vocab_size):
-    """forward's idx and targets (or None), each checked as _as_index checks it and of one
-    shape, on the model's device. Two host arrays cross to the device as one copy (stacked):
+    """forward's idx and targets (or None), each checked (_checked_ids) and of one shape, on
+    the model's device. Two host arrays cross to the device as one copy (stacked):
     a training step's only host-to-device copy."""
     idx = _checked_ids(idx, "idx", vocab_size)
     if targets is None:
@@ -670,8 +554,10 @@ def _token_ids(idx, targets, vocab_size):
 
 
 def _checked_ids(idx, name, vocab_size):
-    """idx (a Tensor, a host or a device array) as an array where it is, or ValueError naming
-    the problem. The range of a device array is read back once (its minimum and maximum
+    """idx (a Tensor, a host or a device array) as a (B, T) integer array where it is, every id
+    in [0, vocab_size), or ValueError naming the problem: a padding id such as -1 would
+    otherwise be read as the last token (nanospa has no ignore index), and an empty batch
+    would give a loss of 0. The range of a device array is read back once (its minimum and maximum
     together); a host array's costs nothing."""
     idx = idx.data if isinstance(idx, Tensor) else idx
     if not backend.is_device_array(idx):

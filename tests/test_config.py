@@ -5,7 +5,8 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-from nanospa.config import BASE_ACTIVATIONS, DTYPES, NORM_POSITIONS, GPTConfig, values
+from nanospa.beyond import values
+from nanospa.config import BASE_ACTIVATIONS, DTYPES, NORM_POSITIONS, GPTConfig
 from nanospa.signal import BUDGETS
 
 ATTENTIONS, RESIDUALS, NORMS, POSITIONS = (values(f) for f in ("attention", "residual", "norm", "pos"))

@@ -17,6 +17,7 @@ from nanospa.gradcheck import check_directions
 from nanospa.beyond.dropout import DropoutMasks
 from nanospa.nn import Dropout
 from nanospa.predict import predict_kernels
+from nanospa.sampling import generate
 from nanospa.run import step, threads
 from nanospa.run.threads import batch_rows
 
@@ -88,8 +89,8 @@ def test_training_mode_drops_and_evaluation_mode_is_the_model_without_dropout():
     assert not np.array_equal(model(IDX)[0].data, plain(IDX)[0].data)          # training mode: dropped
     with model.evaluating():
         np.testing.assert_array_equal(model(IDX)[0].data, plain(IDX)[0].data)
-    np.testing.assert_array_equal(model.generate(IDX[:1, :3], 6, temperature=0),
-                                  plain.generate(IDX[:1, :3], 6, temperature=0))
+    np.testing.assert_array_equal(generate(model, IDX[:1, :3], 6, temperature=0),
+                                  generate(plain, IDX[:1, :3], 6, temperature=0))
     assert model.training                                                     # generate restored the mode
 
 

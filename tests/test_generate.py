@@ -1,10 +1,11 @@
-"""GPT.generate checks its prompt as forward() checks idx: integer ids in [0, vocab_size), a
+"""sampling.generate checks its prompt as forward() checks idx: integer ids in [0, vocab_size), a
 (batch, time) array. It cast float ids to int64 (truncating 2.7 to 2) and raised IndexError
 on a 1-D prompt."""
 import numpy as np
 import pytest
 
 from nanospa import GPT
+from nanospa.sampling import generate
 
 from conftest import tiny_config
 
@@ -19,7 +20,7 @@ from conftest import tiny_config
 def test_generate_checks_ids_as_forward_does(prompt, words):
     model = GPT(tiny_config())
     with pytest.raises(ValueError, match="^generate: idx: " + words):
-        model.generate(prompt, 2)
+        generate(model, prompt, 2)
     with pytest.raises(ValueError, match="^idx: " + words):
         model(prompt)
-    assert model.generate(np.array([[1, 2]], dtype=np.int32), 2).shape == (1, 4)   # any integer dtype
+    assert generate(model, np.array([[1, 2]], dtype=np.int32), 2).shape == (1, 4)   # any integer dtype

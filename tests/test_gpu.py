@@ -20,7 +20,7 @@ import pytest
 from conftest import standin_module
 from nanospa import GPT, GPTConfig, Tensor, backend
 from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, make_optimizer
-from nanospa.config import values
+from nanospa.beyond import values
 ATTENTIONS, NORMS, RESIDUALS, POSITIONS = values("attention"), values("norm"), values("residual"), values("pos")
 from nanospa.model import Block
 from nanospa.optim import AdamW

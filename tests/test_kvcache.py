@@ -1,4 +1,4 @@
-"""GPT.generate's KV cache (model.KVCache): the prompt's window runs once, then each new token
+"""generate's KV cache (sampling.KVCache): the prompt's window runs once, then each new token
 runs alone at its position against the keys and values kept; past block_size the moved window
 runs again. For every registered value of attention, pos, residual and norm (model.py's
 registries and beyond.EXTENSIONS: a value added later is checked here with no edit), and the
@@ -26,8 +26,9 @@ import warnings
 import numpy as np
 import pytest
 
-from nanospa import GPT, config
-from nanospa.model import ATTENTIONS, Attention, KVCache, kv_cache_refusal
+from nanospa import GPT, beyond
+from nanospa.model import ATTENTIONS, Attention
+from nanospa.sampling import KVCache, generate, kv_cache_refusal
 from nanospa.tensor import no_grad
 
 from conftest import tiny_config
@@ -64,7 +65,7 @@ def settings():
     """(name, GPTConfig fields): one per registered value, with what it needs beside it, then SETTINGS."""
     out = []
     for field in ("attention", "pos", "residual", "norm"):
-        for value in config.values(field):
+        for value in beyond.values(field):
             kw = {field: value, **COMPANIONS.get((field, value), {})}
             if field == "norm" and value != "none":
                 kw["residual"] = "standard"
@@ -96,7 +97,7 @@ def widths(model, *args, **kw):
     seen, forward = [], model.forward
     model.forward = lambda idx, *a, **k: (seen.append(np.shape(idx)[1]), forward(idx, *a, **k))[1]
     try:
-        return model.generate(*args, **kw), seen
+        return generate(model, *args, **kw), seen
     finally:
         del model.forward
 
@@ -145,7 +146,7 @@ def test_a_prompt_longer_than_the_window_is_cropped_as_without_the_cache():
     prompt = np.random.default_rng(2).integers(0, 13, (1, 11))
     got, w = widths(model, prompt, 3, 1.0, rng=np.random.default_rng(7))
     assert w == [8, 8, 8]                                     # each token a moved window's prefill
-    np.testing.assert_array_equal(got, model.generate(prompt, 3, 1.0, rng=np.random.default_rng(7), cache=False))
+    np.testing.assert_array_equal(got, generate(model, prompt, 3, 1.0, rng=np.random.default_rng(7), cache=False))
 
 
 def test_every_registered_value_is_cached_except_causal_batch_statistics():
@@ -165,7 +166,7 @@ def test_a_variant_that_refuses_the_cache_runs_uncached(norm):
     prompt = np.random.default_rng(2).integers(0, 13, (2, PROMPT))
     got, w = widths(model, prompt, NEW, 0.0)
     assert w == [5, 6, 7, 8] + [8] * 8
-    np.testing.assert_array_equal(got, model.generate(prompt, NEW, 0.0, cache=False))
+    np.testing.assert_array_equal(got, generate(model, prompt, NEW, 0.0, cache=False))
     with no_grad(), model.evaluating():                       # what the cache would have given
         kept = [KVCache(T) for _ in model.blocks]
         model(prompt, cache=kept)
@@ -186,7 +187,7 @@ def test_a_variant_that_does_not_say_runs_uncached(monkeypatch):
 def test_generate_checks_cache_and_the_cache_its_length():
     model = GPT(tiny_config())
     with pytest.raises(ValueError, match="^generate: cache must be True or False, got 'yes'"):
-        model.generate(np.zeros((1, 2), dtype=np.int64), 2, cache="yes")
+        generate(model, np.zeros((1, 2), dtype=np.int64), 2, cache="yes")
     kept = [KVCache(T) for _ in model.blocks]
     with no_grad():
         model(np.zeros((1, 6), dtype=np.int64), cache=kept)
@@ -206,6 +207,6 @@ def test_cached_generate_on_the_device_gives_the_cpus_tokens(gpu, kw):
     backend.use("cuda")
     model = GPT(host.config)
     model.load_state_dict(host.state_dict())
-    got = model.generate(prompt, NEW, 1.0, rng=np.random.default_rng(7))
+    got = generate(model, prompt, NEW, 1.0, rng=np.random.default_rng(7))
     backend.use("cpu")
-    np.testing.assert_array_equal(got, host.generate(prompt, NEW, 1.0, rng=np.random.default_rng(7)))
+    np.testing.assert_array_equal(got, generate(host, prompt, NEW, 1.0, rng=np.random.default_rng(7)))

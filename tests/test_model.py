@@ -6,10 +6,11 @@ import itertools
 import numpy as np
 import pytest
 
-from nanospa import GPT, GPTConfig, config, signal
+from nanospa import GPT, GPTConfig, beyond, config, signal
 from conftest import tiny_config
 from nanospa.gradcheck import check_directions
 from nanospa.model import ShapedActivation
+from nanospa.sampling import generate
 from nanospa.tensor import Tensor
 
 
@@ -33,7 +34,7 @@ def combos():
     """Every attention x residual x norm x norm_position GPTConfig accepts, from its own lists
     (a value added there is checked here without a test edit); positions learned with a norm."""
     out = []
-    for a, r, n, p in itertools.product(config.values("attention"), config.values("residual"), config.values("norm"), config.NORM_POSITIONS):
+    for a, r, n, p in itertools.product(beyond.values("attention"), beyond.values("residual"), beyond.values("norm"), config.NORM_POSITIONS):
         if n == "none" and p == "post":
             continue                                      # the same model as pre
         try:
@@ -194,7 +195,7 @@ def test_initial_loss_is_near_log_vocab():
 
 def test_generate_shapes():
     model = GPT(tiny())
-    out = model.generate(IDX[:, :3], 5, top_k=4)
+    out = generate(model, IDX[:, :3], 5, top_k=4)
     assert out.shape == (2, 8) and out.dtype == np.int64 and (out < 11).all()
 
 
@@ -280,7 +281,7 @@ def test_after_step_calls_each_module_hook_once_in_module_order():
     assert calls == [0, 1, 0, 1]
 
 
-@pytest.mark.parametrize("attention", config.values("attention"))
+@pytest.mark.parametrize("attention", beyond.values("attention"))
 @pytest.mark.parametrize("zero_query", [False, True])
 def test_the_model_at_init_is_what_signal_says_each_attention_is(attention, zero_query):
     """The attention matrices a fresh model applies (its trace) are, layer by layer, the one
@@ -337,8 +338,8 @@ def test_generate_checks_its_settings():
                      (dict(max_new_tokens=1, temperature=-1.0), "temperature"),
                      (dict(max_new_tokens=1, top_k=0), "top_k")]:
         with pytest.raises(ValueError, match=f"^generate: {name}"):
-            model.generate(x, **kw)
-    assert model.generate(x, max_new_tokens=3, top_k=1).shape == (1, 5)
+            generate(model, x, **kw)
+    assert generate(model, x, max_new_tokens=3, top_k=1).shape == (1, 5)
 
 
 def test_a_plan_written_by_hand_builds_the_model_without_the_budget(monkeypatch):

@@ -18,6 +18,7 @@ from nanospa.beyond.norms import BN_MOMENTUM, BatchNorm, BatchNormOp, GroupNorm,
 from nanospa.optim import AdamW
 from nanospa.run import threads as cpu
 from nanospa.run.threads import sharded_backward
+from nanospa.sampling import generate
 from nanospa.tensor import Tensor
 
 from test_model import perturb  # the shared random move off the initialisation
@@ -308,7 +309,7 @@ def test_train_and_eval_reach_every_module_and_evaluating_restores():
 def test_generate_and_evaluate_run_in_evaluation_mode_and_return():
     model = GPT(tiny(norm="batchnorm"))
     bn = model.blocks[0].norm1
-    model.generate(IDX[:, :3], 2)
+    generate(model, IDX[:, :3], 2)
     evaluate(model, np.arange(200) % 11, batch_size=2, block_size=6, n_batches=2)
     assert bn.pending == [] and model.training                      # no batch statistics taken
     model(IDX, TARGETS)

@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from nanospa import GPT, GPTConfig, config, signal
+from nanospa import GPT, GPTConfig, beyond, config, signal
 from nanospa.gradcheck import check_directions, check_jacobian, tensor64
 from nanospa.beyond.positions import AlibiHook, Rope, rope
 from nanospa.signal import collapse
@@ -134,7 +134,7 @@ def variants():
     position (a combination it refuses, such as spa_prior with SPA attention, is skipped):
     read from config, so that variants added later are covered too."""
     out = []
-    for a, r, n, p, pos in itertools.product(config.values("attention"), config.values("residual"), config.values("norm"),
+    for a, r, n, p, pos in itertools.product(beyond.values("attention"), beyond.values("residual"), beyond.values("norm"),
                                              config.NORM_POSITIONS, LOGIT_POSITIONS):
         if n == "none" and p == "post":
             continue

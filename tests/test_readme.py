@@ -228,7 +228,8 @@ def parse_only(words):
     from nanospa.run.settings import SettingsError
     if words[:2] == ["python", "train.py"]:
         import train
-        s = train.parse_args(words[2:], train.DEFAULTS)
+        from nanospa.run.session import settings_of
+        s = settings_of(words[2:], train.DEFAULTS, train.PRESETS)
         train.check_settings(s)
         return
     module, rest = words[2], words[3:]

@@ -44,14 +44,15 @@ def test_samples_continue_the_prompt_and_repeat_with_the_seed(run_dir, capsys):
 
 
 def test_temperature_zero_is_the_models_own_greedy_continuation(run_dir, capsys, text_file):
-    """The samples are the model's: greedy decoding equals model.generate on the same weights."""
+    """The samples are the model's: greedy decoding equals sampling.generate on the same weights."""
     from nanospa.run.checkpoint import load_checkpoint
     from nanospa import GPT, GPTConfig
+    from nanospa.sampling import generate
     got = samples(run_dir, capsys, "--start=To be", "--num_samples=1", "--max_new_tokens=12", "--temperature=0")
     ckpt = load_checkpoint(str(run_dir / "ckpt.npz"))
     model = GPT(GPTConfig(**ckpt["config"]))
     model.load_state_dict(ckpt["model"])
-    out = model.generate(sample.encode("To be")[None, :], 12, temperature=0)
+    out = generate(model, sample.encode("To be")[None, :], 12, temperature=0)
     assert got[0].split("\n", 1)[1].rstrip("\n") == sample.decode(out[0])
 
 

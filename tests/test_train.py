@@ -24,6 +24,7 @@ from nanospa.run import threads as cpu
 from nanospa.run import checkpoint
 from nanospa.run.checkpoint import load_checkpoint
 from nanospa.config import GPTConfig
+from nanospa.run.session import settings_of
 from nanospa.run.settings import SettingsError
 
 pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
@@ -79,23 +80,23 @@ def test_defaults_come_from_gptconfig_unless_train_sets_them():
 
 
 def test_overrides_are_type_checked():
-    s = train.parse_args(["--n_layer=3", "--learning_rate=1", "--eval_only", "--data=some file.txt",
-                          "--activation=relu", "--dtype='float64'"], train.DEFAULTS)
+    s = settings_of(["--n_layer=3", "--learning_rate=1", "--eval_only", "--data=some file.txt",
+                     "--activation=relu", "--dtype='float64'"], train.DEFAULTS, train.PRESETS)
     assert s["n_layer"] == 3 and s["learning_rate"] == 1.0 and isinstance(s["learning_rate"], float)
     assert s["eval_only"] is True and s["data"] == "some file.txt"
     assert s["activation"] == "relu" and s["dtype"] == "float64"
-    assert train.parse_args(["--activation=3"], train.DEFAULTS)["activation"] == "3"  # GPTConfig rejects it
+    assert settings_of(["--activation=3"], train.DEFAULTS, train.PRESETS)["activation"] == "3"  # GPTConfig rejects it
     for bad in ("--n_layer=2.5", "--n_layer=True", "--learning_rate=fast", "--eval_only=1"):
         with pytest.raises(SettingsError, match=bad.split("=")[0]):
-            train.parse_args([bad], train.DEFAULTS)
+            settings_of([bad], train.DEFAULTS, train.PRESETS)
 
 
 def test_preset_is_applied_before_explicit_overrides():
-    s = train.parse_args(["--n_layer=4", "--preset=gpu"], train.DEFAULTS)
+    s = settings_of(["--n_layer=4", "--preset=gpu"], train.DEFAULTS, train.PRESETS)
     assert s["n_layer"] == 4                           # explicit wins, whatever the order
     assert s["device"] == "cuda" and s["n_embd"] == train.PRESETS["gpu"]["n_embd"]
     with pytest.raises(SettingsError, match="unknown preset 'tpu'"):
-        train.parse_args(["--preset=tpu"], train.DEFAULTS)
+        settings_of(["--preset=tpu"], train.DEFAULTS, train.PRESETS)
 
 
 def test_unknown_key_suggests_the_closest(capsys):

@@ -703,13 +703,13 @@ def test_a_signal_while_sampling_stops_at_once(tmp_path, text_file, capfd):
     out = tmp_path / "out"
 
     def arm():
-        real = train.GPT.generate
+        real = train.generate
 
-        def generating(self, *a, **kw):
+        def generating(*a, **kw):
             os.kill(os.getpid(), T)
             time.sleep(60)                          # what a long sample would take
-            return real(self, *a, **kw)
-        train.GPT.generate = generating
+            return real(*a, **kw)
+        train.generate = generating
 
     started = time.monotonic()
     assert _forked(args(text_file, out, "--sample_tokens=10"), arm) == 143

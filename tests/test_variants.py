@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import pytest
 
-from nanospa import GPT, GPTConfig, config, signal
+from nanospa import GPT, GPTConfig, beyond, signal
 from nanospa.measure import measured_kernels
 from nanospa.model import ATTENTIONS, Attention, variant
 from nanospa.predict import attention_at_init, predict_kernels
@@ -35,7 +35,7 @@ COMPANIONS = {("attention", "softmax"): dict(zero_query=True),
 
 
 def registered():
-    return [(field, value) for field in ("attention", "residual", "norm", "pos") for value in config.values(field)]
+    return [(field, value) for field in ("attention", "residual", "norm", "pos") for value in beyond.values(field)]
 
 
 def wide(field, value, **kw):

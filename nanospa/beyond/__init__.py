@@ -11,9 +11,11 @@ initialisation (docs/adding_a_variant.md), and one row of EXTENSIONS:
     residual                 deepnorm: schemes.py; ngpt: ngpt.py (its own block, embedding, head)
     evaluation (of softmax)  by blocks at long T: blockwise.py; RealFormer's carried scores: schemes.py
     dropout's masks          nanoGPT's dropout (nn.Dropout's generator and op): dropout.py
+    the head                 tied embeddings (the head is W_e^T / sqrt(C)): tied.py
     optimiser                K-FAC: kfac.py; Muon: muon.py; muP's rates: optimizers.py
 
     variant(field, name)     an extension's class, imported on demand
+    values(field)            every value of a field: the paper's, then the extensions'
     evaluation(cfg)          the attention evaluation cfg asks for
     resolve_auto(cfg), configure(cfg)   GPTConfig's calls when a field names an extension: its
                              "auto" values, then the checks of the extensions' values and fields
@@ -43,6 +45,13 @@ def variant(field, name, known=()):
     return _load(path)
 
 
+def values(field):
+    """Every value GPTConfig.<field> (attention, residual, norm or pos) takes: the paper's (model.py's
+    registries), then the extensions' (EXTENSIONS)."""
+    from ..model import REGISTRIES
+    return tuple(REGISTRIES[field]) + tuple(EXTENSIONS[field])
+
+
 def evaluation(cfg):
     """Attention by blocks (blockwise.py) or with RealFormer's carried scores (schemes.py)."""
     if cfg.residual_attention:
@@ -59,11 +68,12 @@ def resolve_auto(cfg):
 def configure(cfg):
     """The checks of cfg's extension values and fields (ValueError naming the field)."""
     from ..model import REGISTRIES
-    from . import blockwise, dropout, norms, positions, schemes
+    from . import blockwise, dropout, norms, positions, schemes, tied
     for field, known in REGISTRIES.items():
         value = getattr(cfg, field)
         if value not in known and value != "auto":
             variant(field, value, tuple(known))
+    tied.check_config(cfg)
     norms.check_config(cfg)
     schemes.check_config(cfg)
     blockwise.check_config(cfg)

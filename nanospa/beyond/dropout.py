@@ -1,6 +1,6 @@
 """Dropout's masks and op (nanoGPT's dropout, docs/method.md §2.5; beyond the paper): the
-generator a model with GPTConfig.dropout > 0 builds (model.GPT looks it up by name) and hands
-to each of its nn.Dropout sites, and the op that applies a mask (Dropout; its spelling
+generator a model with GPTConfig.dropout > 0 attaches (model.GPT looks attach up by name) and
+hands to each of its nn.Dropout sites, and the op that applies a mask (Dropout; its spelling
 dropout). Each row draws its own masks from its index in the step's batch
 (run/threads.batch_rows), so a step is the same however it is split.
 """
@@ -11,6 +11,8 @@ import numpy as np
 from .. import backend
 from ..functions import scale_where
 from ..model import DENSE_MAX_T, dense
+from .. import nn
+from ..nn import Module
 from ..run.threads import first_row
 from ..tensor import Function, Tensor
 
@@ -46,7 +48,16 @@ def mix32(x):
     return x
 
 
-class DropoutMasks:
+def attach(model, seed):
+    """Give a model with dropout its masks (model.dropout_masks) and number its nn.Dropout
+    sites (nanoGPT's places, which model.py builds) in module order."""
+    masks = DropoutMasks(seed)
+    for site, d in enumerate(m for m in model.modules() if isinstance(m, nn.Dropout)):
+        d.masks, d.site = masks, site
+    model.dropout_masks = masks
+
+
+class DropoutMasks(Module):
     """The dropout masks of one model: a counter-based generator (Salmon et al. 2011, "Parallel
     random numbers: as easy as 1, 2, 3"; JAX's design). Entry e of row r at site s in step n
     is kept iff
@@ -62,11 +73,17 @@ class DropoutMasks:
       nothing but the row indices made there (no host copy, no read);
     - the state is (key, step): step advances once per optimiser step (GPT.after_step), so
       every forward of a step (its slices, a K-FAC curvature pass) sees that step's masks and
-      the next step new ones; a checkpoint keeps the state (run/checkpoint.py)."""
+      the next step new ones; a checkpoint keeps the state (run/checkpoint.py). A Module
+      without parameters, so that the model's after_step reaches it."""
 
     def __init__(self, seed):
+        super().__init__()
         self.key = [int(w) for w in np.random.SeedSequence([seed, MASK_SALT]).generate_state(2)]
         self.step = 0
+
+    def after_step(self):
+        """Once per optimiser step (GPT.after_step): the next step's masks."""
+        self.step += 1
 
     def state(self):
         return dict(key=list(self.key), step=self.step)

@@ -2,6 +2,7 @@
 benchmark and the experiments call these; the core (nanospa/*.py, nanospa/signal) never does.
 
     settings.py     the one --key=value parser and the failure convention of every command
+    checks.py       train.py's check of its settings, before any data is read
     rundir.py       an out_dir: its lock, its append-only log, signals
     checkpoint.py   checkpoint files: written atomically, only from a finite state
     corpus.py       where the text of a dataset comes from, and its caches

@@ -6,6 +6,7 @@ cached beside its byte tokens (docs/tokenizer.md).
     check(spec)            parse, and for bpe:N that `tokenizers` imports (one line naming the extra)
     BPE                    a trained tokenizer: encode(text) -> ids, decode(ids) -> text, vocab_size
     bpe_splits(folder, splits, corpus, n)   the BPE tokens of each split, from the cache or built once
+    bpe_dataset(...)       data.load_dataset's byte splits as BPE tokens, with the Dataset's fields
     char_start(tokens, i)  the start of the UTF-8 character holding byte i (a split inside a
                            character could not be decoded on its own)
 
@@ -43,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .cache import naming_entry
 from .corpus import DataError, atomic_write, intact
 
 FORMAT_VERSION = 2         # 2: meta.json holds the sha256 of tokenizer.json and tokens.bin
@@ -199,3 +201,18 @@ def bpe_splits(folder, splits, corpus, n):
     tokens = np.memmap(folder / "tokens.bin", dtype=TOKEN_DTYPE, mode="r") if meta["tokens"] else np.zeros(0, TOKEN_DTYPE)
     out = {name: tokens[a:b] for name, (a, b) in meta["splits"].items()}
     return out, BPE.load(folder / "tokenizer.json", spec), meta
+
+
+def bpe_dataset(folder, arrays, splits, meta, tokenizer, n):
+    """data.load_dataset's byte splits (arrays, cut at `splits` of the cache entry `folder`
+    whose meta.json is `meta`) as the BPE tokens of tokenizer = "bpe:N" -> (arrays, meta,
+    extra): meta with the BPE's, extra the Dataset's fields (tokenizer, codec, bytes_per_token:
+    each split's UTF-8 bytes per token)."""
+    ident = dict(fingerprint=meta["fingerprint"], sha256=meta["sha256"], bytes=meta["bytes"],
+                 splits={name: [s.start, s.stop] for name, s in splits.items()})
+    with naming_entry(folder):
+        arrays, codec, bpe = bpe_splits(folder / f"bpe-{n}", arrays, ident, n)
+    extra = dict(tokenizer=tokenizer, codec=codec, bytes_per_token={
+        k: v / max(1, bpe["splits"][k][1] - bpe["splits"][k][0]) for k, v in bpe["bytes_per_split"].items()})
+    meta = dict(meta, tokenizer=tokenizer, vocab_size=codec.vocab_size, dtype=bpe["dtype"], bpe=bpe)
+    return arrays, meta, extra
