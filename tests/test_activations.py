@@ -20,7 +20,7 @@ import pytest
 from nanospa import functions as F
 from nanospa.config import BASE_ACTIVATIONS
 from nanospa.gradcheck import check_jacobian
-from nanospa.signal import act_transform, activations as ac, qc_maps
+from nanospa.signal import act_transform, activations as ac, local_maps
 from nanospa.signal.beyond import activations as bac
 from nanospa.tensor import Tensor
 
@@ -94,13 +94,13 @@ def transform(kind, name):
     if kind == "none":
         t = act_transform.activation_transform(name, "none")
     elif kind == "solved":
-        t = act_transform.shaped_activation(name, DEPTH)
+        t = act_transform.activation_transform(*act_transform.shaped_activation_names[name], DEPTH)
     else:
         params = dict(input_scale=0.8, input_shift=float(kind[5:]), output_shift=-0.1, output_scale=1.3)
         if name == "leaky_relu":
             params["negative_slope"] = 0.2
         t = act_transform.ActivationTransform(name, "tat", 1, params)
-    return qc_maps._as_hat(t), t.phi_hat
+    return local_maps._as_hat(t), t.phi_hat
 
 
 def shaped_engine(h, x):
@@ -145,12 +145,12 @@ def test_engine_op_and_float64_maps_evaluate_one_phi_hat(kind, name):
 def test_a_planted_change_of_phi_hat_moves_engine_and_maps_together(monkeypatch):
     """PhiHat.pre (u = a x + b) moved by 1e-6 relative: the engine's op, the Q-map's quadrature
     and the solvers' per-layer quantities all move, and stay equal to each other."""
-    h = act_transform.shaped_activation("dks_gelu", DEPTH).phi_hat
+    h = act_transform.activation_transform("gelu", "dks", DEPTH).phi_hat
     x = np.linspace(-2.0, 2.0, 9)
-    before = (shaped_engine(h, x)[0], qc_maps.q_map(h, 1.5), act_transform._local("gelu", h.a, h.b, h.o)["Cslope"])
+    before = (shaped_engine(h, x)[0], local_maps.q_map(h, 1.5), act_transform._local("gelu", h.a, h.b, h.o)["Cslope"])
     real = ac.PhiHat.pre
     monkeypatch.setattr(ac.PhiHat, "pre", lambda self, x: real(self, x) * (1 + 1e-6))
-    after = (shaped_engine(h, x)[0], qc_maps.q_map(h, 1.5), act_transform._local("gelu", h.a, h.b, h.o)["Cslope"])
+    after = (shaped_engine(h, x)[0], local_maps.q_map(h, 1.5), act_transform._local("gelu", h.a, h.b, h.o)["Cslope"])
     assert np.abs(after[0] - before[0]).max() > 1e-7                  # the engine moved
     assert abs(after[1] - before[1]) > 1e-7 and abs(after[2] - before[2]) > 1e-7   # the maps moved
     err = shaped_gaps(h, h)

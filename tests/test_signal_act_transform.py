@@ -14,10 +14,11 @@ import pytest
 from numpy.polynomial.hermite_e import hermegauss
 from numpy.polynomial.legendre import leggauss
 
-from nanospa.signal.act_transform import activation_transform, shaped_activation, shaped_activation_names
+from nanospa.signal.act_transform import activation_transform, shaped_activation_names
 from nanospa.signal.depth_targets import chain_c0
 from nanospa.signal.activations import ACTIVATIONS, gelu
-from nanospa.signal.qc_maps import c_map, lrelu_beta
+from nanospa.signal.local_maps import c_map
+from nanospa.signal.qc_maps import lrelu_beta
 
 SMOOTH = ["gelu", "gelu_exact", "tanh", "sigmoid", "softplus", "swish"]
 ALL = SMOOTH + ["elu", "leaky_relu"]
@@ -213,9 +214,8 @@ def test_shaped_names_all_solve_and_keep_float32():
     x64 = np.linspace(-3, 3, 13)
     x32 = x64.astype(np.float32)
     for name, (base, method) in shaped_activation_names.items():
-        t = shaped_activation(name, 24)
+        t = activation_transform(base, method, 24)
         assert (t.activation, t.method) == (base, method)
-        assert dict(t) == dict(activation_transform(base, method, 24))
         assert all(type(v) is float for v in t.values())   # Python floats: no promotion
         y32 = t(x32)
         assert y32.dtype == np.float32 and t.derivative(x32).dtype == np.float32
@@ -238,7 +238,7 @@ def test_method_none_and_plain_names():
     t = activation_transform("gelu", None)
     assert len(t) == 0 and t.method == "none"
     np.testing.assert_array_equal(t(x), gelu(x))
-    p = shaped_activation("relu")
+    p = activation_transform("relu", None)
     np.testing.assert_array_equal(p(x), np.maximum(x, 0))
     assert activation_transform("tanh", "none", 12).params == {}
 
@@ -283,7 +283,7 @@ def test_callables_on_cupy_match_numpy():
     x = np.linspace(-4, 4, 257, dtype=np.float32)
     xd = backend.use("cuda").asarray(x)                   # a CuPy array
     for name in shaped_activation_names:
-        t = shaped_activation(name, 24)
+        t = activation_transform(*shaped_activation_names[name], 24)
         for f in (t, t.derivative):
             y = f(xd)
             assert y.dtype == np.float32

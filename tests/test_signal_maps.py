@@ -14,7 +14,7 @@ from nanospa.signal.beyond.norm_maps import DYT_ALPHA, dyt_map
 from nanospa.signal.collapse import softmax_attention_map
 from nanospa.signal.maps import MLPMap, attention_map, normalise
 from nanospa.signal.walks import WalkMaps
-from nanospa.signal.qc_maps import lrelu_cmap
+from nanospa.signal.local_maps import lrelu_cmap
 
 
 def gauss(n=80):

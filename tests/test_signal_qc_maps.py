@@ -13,9 +13,8 @@ from numpy.polynomial.legendre import leggauss
 
 from nanospa.signal.act_transform import activation_transform
 from nanospa.signal.activations import ACTIVATIONS
-from nanospa.signal.qc_maps import (
-    alpha_of_beta, bivariate, c_map, lrelu_beta, lrelu_cmap, q_map)
-from nanospa.signal.local_maps import LocalMaps
+from nanospa.signal.local_maps import LocalMaps, bivariate, c_map, lrelu_cmap, q_map
+from nanospa.signal.qc_maps import alpha_of_beta, lrelu_beta
 
 SMOOTH = ["gelu", "gelu_exact", "tanh", "sigmoid", "softplus", "swish"]
 C_POINTS = np.array([0.0, 0.25, 0.5, 0.75, 0.9, 0.99])

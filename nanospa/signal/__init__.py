@@ -9,7 +9,7 @@ imported. Reading order:
 kernels.py        kernels, SPA targets and schedules (§3.1, §6, §7)
 attn_bias.py      E-SPA / U-SPA closed forms in log space, B_l and D_l, A = diag(D) softmax(B) (§6-§8)
 activations.py    the base activations, their derivatives, and phi_hat itself (PhiHat)
-qc_maps.py        quadrature and the Q/C maps of an activation (docs/activations.md §2, §8)
+qc_maps.py        quadrature and TAT's leaky-ReLU closed forms (docs/activations.md §2, §5, §8)
 depth_targets.py  per-layer targets from network-level ones (docs/activations.md §6)
 act_transform.py  the DKS and TAT solvers (docs/activations.md §3-§5, §7)
 inputs.py         the input kernel Sigma_0 and positional encodings (§11)
@@ -40,7 +40,7 @@ from .cholesky import (checked_cholesky, transfer_matrix, espa_attention_referen
                        noncausal_attention, check_attention, log_attention_from, bias_and_rescale)
 from .attn_bias import espa_bias, uspa_bias, bias_block, layer_bias, dense_layer_bias, rescale, realise
 from .activations import LEAKY_RELU_SLOPE
-from .qc_maps import q_map, c_map
+from .local_maps import q_map, c_map
 from .act_transform import activation_transform, shaped_activation_names
 from .inputs import POS_VARIANCE, input_kernel, sinusoidal_encoding, token_variance
 from .maps import MLPMap, attention_map

@@ -16,7 +16,7 @@ Notation (docs/activations.md §1-§2)
     phi_hat      transformed activation, the formula above
     a, b, o, s   input_scale, input_shift, output_shift, output_scale
     alpha        negative_slope of a leaky ReLU
-    Q(q), C(c)   Q-map and C-map of phi_hat (qc_maps.py)
+    Q(q), C(c)   Q-map and C-map of phi_hat (local_maps.py)
     beta         C(0) of one TAT leaky-ReLU layer, (1 - alpha)^2 / (pi (1 + alpha^2))
     zeta         DKS target: max over subnetworks f of C_f'(1)          (default 1.5)
     eta          TAT leaky-ReLU target: max over subnetworks of C_f(0)  (default 0.9)
@@ -32,8 +32,8 @@ models do not use, are in signal/beyond/activations.py, imported when one is ask
 Solutions are cached. The result, ActivationTransform, holds the parameters and their phi_hat.
 
 Not here: phi_hat itself (activations.PhiHat, which the engine runs on the device), the base
-activations and their derivatives (activations.py), quadrature, the Q/C maps and the leaky-ReLU
-closed forms (qc_maps.py), the per-layer targets a depth asks for (depth_targets.py).
+activations and their derivatives (activations.py), quadrature and the leaky-ReLU closed forms
+(qc_maps.py), the Q/C maps (local_maps.py), the per-layer targets a depth asks for (depth_targets.py).
 """
 import functools
 import importlib
@@ -48,11 +48,6 @@ import numpy as np
 from .activations import PARAM_KEYS, PhiHat, base_name
 from .depth_targets import DEFAULT_TARGETS, chain_c0, check_depth, check_residual_beta, per_layer_targets
 from .qc_maps import alpha_of_beta, gauss_rule
-
-__all__ = [
-    "PARAM_KEYS", "DEFAULT_TARGETS", "ActivationTransform", "activation_transform",
-    "shaped_activation", "shaped_activation_names",
-]
 
 # Newton (§12): a root is accepted when every |residual| < _NEWTON_TOL.
 _NEWTON_FD_STEP = 1e-6       # central-difference step of the Jacobian
@@ -288,12 +283,3 @@ shaped_activation_names = {
                         ("swish", "swish"))
 }
 shaped_activation_names = MappingProxyType(shaped_activation_names)
-
-
-def shaped_activation(name, depth=None, **targets):
-    """The phi_hat for a model activation name: "tat_lrelu", "dks_gelu", ... or a plain
-    base name ("gelu", "relu", ...: method "none"). targets as in activation_transform."""
-    if name in shaped_activation_names:
-        base, method = shaped_activation_names[name]
-        return activation_transform(base, method, depth, **targets)
-    return activation_transform(name, "none", depth)

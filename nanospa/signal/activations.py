@@ -10,7 +10,7 @@ xp=None): xp is the array module (numpy or cupy), None meaning "the module x cam
 xp functions and Python-float constants appear, so float32 inputs stay float32 (NumPy 2
 promotion) and the same body runs on the device.
 
-Not here: Gaussian means of phi_hat and the Q/C maps (qc_maps.py), the DKS/TAT solvers
+Not here: Gaussian means of phi_hat (qc_maps.py) and the Q/C maps (local_maps.py), the DKS/TAT solvers
 (act_transform.py).
 """
 import importlib
@@ -20,12 +20,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-
-__all__ = [
-    "LEAKY_RELU_SLOPE", "GELU_SQRT_2_OVER_PI", "GELU_CUBIC", "GELU_CUBIC_D1", "GELU_CUBIC_D2",
-    "ACTIVATIONS", "BaseActivation", "Registry", "base_name", "array_module", "PARAM_KEYS", "PhiHat",
-    "linear", "relu", "leaky_relu", "gelu", "sigmoid",
-]
 
 LEAKY_RELU_SLOPE = 0.01                  # negative slope of the plain (untransformed) leaky ReLU
 

@@ -1,18 +1,151 @@
-"""The MLP's kernel map of a whole (T, T) kernel, vectorised (docs/method.md §10): LocalMaps
-of one phi_hat, which maps.MLPMap wraps for the predictions and the kernel budget's walk (the
-plan and the model do not run it; read second).
+"""The kernel maps of one phi_hat (docs/activations.md §2, §5, §8; docs/method.md §10): the
+Q-map and C-map, the bivariate Gaussian mean of one entry, and LocalMaps, the map of a whole
+(T, T) kernel vectorised, which maps.MLPMap wraps for the predictions and the kernel budget's
+walk (the plan and the model do not run them; read second).
 
 Notation as in qc_maps.py, and
 
+    Q(q)         Q-map E[phi_hat(sqrt(q) z)^2]
     h_n(q)       Hermite coefficient E[phi_hat(sqrt(q) z) He_n(z)] / sqrt(n!)
 
-Not here: the quadrature, the Q/C maps and the leaky-ReLU closed forms it reads (qc_maps.py).
+For leaky ReLU with b = 0, a > 0 the exact closed forms, else quadrature. phi may be a PhiHat,
+an ActivationTransform (read through .phi_hat), a base activation's name, or a user's float64
+callable (DyT's tanh(alpha x), the tests' references).
+
+Not here: the quadrature rules and TAT's leaky-ReLU C-map the solvers use (qc_maps.py).
 """
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from .qc_maps import _as_hat, _gh, _lrelu_bivariate, bivariate, c_map, q_map
+from .activations import PhiHat, base_name
+from .qc_maps import (_GH_NODES, _GL_NODES, _GL_RANGE, _gh, _gl, _pdf, _split_rule, gauss_rule, lrelu_beta,
+                      lrelu_cmap_beta)
+
+# ------------------------------------------------------------------- bivariate means
+
+def bivariate(h, q1, q2, rho, n=None):
+    """E[h(x1) h(x2)], (x1, x2) ~ N(0, [[q1, r], [r, q2]]), rho = r/sqrt(q1 q2), for a phi_hat h
+    (a PhiHat, or a user's callable with its kink).
+
+    x1 = sqrt(q1) u, x2 = sqrt(q2) (rho u + sqrt(1 - rho^2) v): n x n Gauss-Hermite, or
+    for a kink the outer u split at x*/sqrt(q1) and, per u, the inner v split at
+    w* = (x*/sqrt(q2) - rho u) / sqrt(1 - rho^2) (§8).
+    """
+    R = _GL_RANGE
+    r1, r2 = math.sqrt(q1), math.sqrt(q2)
+    rho = min(1.0, max(-1.0, float(rho)))
+    sc = math.sqrt(max(0.0, 1.0 - rho * rho))
+    if sc == 0.0:                            # v = rho u: a 1-D mean
+        kinks = [] if h.kink is None else [h.kink / r1 if r1 else None,
+                                           rho * h.kink / r2 if r2 else None]
+        Z, W = _gh(n or _GH_NODES) if h.kink is None else _split_rule(kinks, n or _GL_NODES)
+        return float(W @ (h(r1 * Z) * h(r2 * rho * Z)))
+    if h.kink is None:
+        Z, W = _gh(n or _GH_NODES)
+        U, Wu = Z[:, None], W
+        V, Wv = Z[None, :], W[None, :]
+    else:
+        nn = n or _GL_NODES
+        U, Wu = _split_rule([h.kink / r1] if r1 else [], nn)
+        U = U[:, None]
+        x, w = _gl(nn)
+        ws = np.clip((h.kink / r2 - rho * U) / sc, -R, R) if r2 else np.full_like(U, R)
+        h1, m1 = 0.5 * (ws + R), 0.5 * (ws - R)              # piece [-R, w*]
+        h2, m2 = 0.5 * (R - ws), 0.5 * (R + ws)              # piece [w*, R]
+        V = np.concatenate([m1 + h1 * x, m2 + h2 * x], axis=1)
+        Wv = np.concatenate([h1 * w, h2 * w], axis=1) * _pdf(V)
+    inner = np.sum(Wv * h(r2 * (rho * U + sc * V)), axis=1)
+    return float(Wu @ (h(r1 * U[:, 0]) * inner))
+
+
+@dataclass(frozen=True)
+class _UserPhiHat:
+    """A user's float64 callable phi_hat, kinked at x = kink (None: smooth); no closed form."""
+    fn: object
+    kink: object = None
+    homogeneous = False
+
+    def __call__(self, x, xp=None):
+        return self.fn(x)
+
+
+def lrelu_cmap(c, negative_slope):
+    """Exact C-map of sqrt(2/(1+alpha^2)) LReLU_alpha (TAT leaky ReLU, §5), any shape of c.
+
+    C_alpha(c) = c + beta(alpha) (sqrt(1 - c^2) - c arccos c); C(1) = 1, C(0) = beta.
+    Equals E[LReLU(u) LReLU(v)] / E[LReLU(z)^2] for any alpha (also alpha = 0: ReLU).
+    """
+    return lrelu_cmap_beta(np.asarray(c, dtype=np.float64), lrelu_beta(negative_slope))
+
+
+def _lrelu_bivariate(h, q1, q2, r):
+    """E[phi_hat(x1) phi_hat(x2)] in closed form for phi_hat = s (LReLU(a x) + o), a > 0."""
+    q1, q2, r = (np.asarray(v, dtype=np.float64) for v in (q1, q2, r))
+    al, a = h.alpha, h.a
+    g1, g2 = a * np.sqrt(q1), a * np.sqrt(q2)                   # input std devs
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = np.where(g1 * g2 > 0, a * a * r / (g1 * g2), 0.0)
+    m = (1.0 - al) / math.sqrt(2.0 * math.pi)                    # E[LReLU(z)]
+    uu = 0.5 * (1.0 + al * al) * g1 * g2 * lrelu_cmap_beta(rho, float(lrelu_beta(al)))
+    return h.s * h.s * (uu + h.o * m * (g1 + g2) + h.o * h.o)
+
+
+# ------------------------------------------------------------------- Q-map and C-map
+
+def _as_hat(phi, kink=None):
+    if isinstance(phi, PhiHat):
+        return phi
+    if isinstance(getattr(phi, "phi_hat", None), PhiHat):        # an ActivationTransform
+        return phi.phi_hat
+    if isinstance(phi, str):
+        return PhiHat.of(base_name(phi), {})
+    if callable(phi):
+        return _UserPhiHat(phi, kink)
+    raise ValueError(f"phi must be a PhiHat, ActivationTransform, activation name or callable, got {phi!r}")
+
+
+def q_map(phi, q, kink=None):
+    """Q(q) = E[phi(sqrt(q) z)^2], z ~ N(0, 1); q a scalar or any array of q >= 0.
+
+    phi: a PhiHat, an ActivationTransform, a base activation name, or a float64 callable
+    (smooth, or with a kink at x = `kink`). Closed form for leaky ReLU, else quadrature (§8).
+    """
+    h = _as_hat(phi, kink)
+    q = np.asarray(q, dtype=np.float64)
+    if np.any(q < 0):
+        raise ValueError(f"q must be >= 0, got {q.min()}")
+    if h.homogeneous:
+        return _lrelu_bivariate(h, q, q, q)[()]
+    out = []
+    for qi in q.ravel():
+        Z, W = gauss_rule(h.kink, qi)
+        out.append(float(W @ h(math.sqrt(qi) * Z) ** 2))
+    return np.array(out).reshape(q.shape)[()]
+
+
+def c_map(phi, c, q=1.0, kink=None, n=None):
+    """C(c) = E[phi(u) phi(v)] / Q(q), (u, v) ~ N(0, q [[1, c], [c, 1]]); c scalar or array.
+
+    For q = 1 and a transformed phi (Q(1) = 1) this is the C-map of docs/activations.md
+    §2: C(1) = 1, increasing and convex on [0, 1]. Closed form for leaky ReLU/ReLU,
+    2-D Gauss-Hermite (n x n, default 160) for smooth phi, split Gauss-Legendre at the
+    kink for elu and for callables given a `kink`.
+    """
+    h = _as_hat(phi, kink)
+    c = np.asarray(c, dtype=np.float64)
+    q = float(q)
+    if np.any(np.abs(c) > 1.0) or q <= 0.0:
+        raise ValueError(f"need -1 <= c <= 1 and q > 0, got c in [{c.min()}, {c.max()}], q={q}")
+    if h.homogeneous:
+        return (_lrelu_bivariate(h, q, q, q * c) / _lrelu_bivariate(h, q, q, q))[()]
+    Q = bivariate(h, q, q, 1.0, n)
+    out = [bivariate(h, q, q, ci, n) / Q for ci in c.ravel()]
+    return np.array(out).reshape(c.shape)[()]
+
+
+# ------------------------------------------------------------------- a whole kernel
 
 _SERIES_NODES = (160, 320)   # Gauss-Hermite sizes tried for the Hermite series; hermegauss
                              # overflows beyond ~350 nodes
