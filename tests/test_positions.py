@@ -14,7 +14,8 @@ from nanospa.gradcheck import check_directions, check_jacobian, tensor64
 from nanospa.beyond.positions import AlibiHook, Rope, rope
 from nanospa.signal import collapse
 from nanospa.signal.attn_bias import bias_block, dense_layer_bias, espa_bias, realise
-from nanospa.signal.inputs import input_kernel, token_variance
+from nanospa.signal.inputs import token_variance
+from nanospa.signal.maps import input_kernel
 from nanospa.signal.collapse import softmax_attention_map
 from nanospa.signal.maps import attention_map
 from nanospa.model import variant

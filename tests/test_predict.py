@@ -9,7 +9,7 @@ import pytest
 from nanospa import GPT, GPTConfig
 from nanospa.measure import measured_kernels
 from nanospa.signal import collapse, dense_layer_bias, kernels, make_plan, realise
-from nanospa.signal.inputs import input_kernel
+from nanospa.signal.maps import input_kernel
 from nanospa.predict import KernelPrediction, attention_at_init, predict_kernels
 
 

@@ -1,5 +1,5 @@
-"""Tests for nanospa/signal/inputs.py: the input kernel Sigma_0 of a token sequence, the
-positional encodings and variances it depends on (docs/method.md §11)."""
+"""Tests for nanospa/signal/inputs.py and maps.input_kernel: the input kernel Sigma_0 of a token
+sequence, the positional encodings and variances it depends on (docs/method.md §11)."""
 import math
 
 import numpy as np
@@ -7,8 +7,8 @@ import pytest
 
 from nanospa.nn import Embedding
 from nanospa.signal import kernels
-from nanospa.signal.inputs import (ADDITIVE_POSITIONS, POS_VARIANCE, input_kernel, sinusoidal_encoding,
-                                   token_variance)
+from nanospa.signal.inputs import ADDITIVE_POSITIONS, POS_VARIANCE, sinusoidal_encoding, token_variance
+from nanospa.signal.maps import input_kernel
 
 
 def test_variances_give_q_one():

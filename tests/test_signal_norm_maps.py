@@ -14,7 +14,7 @@ from nanospa.beyond.norms import measured_batch_kernels
 from nanospa.measure import measured_kernels
 from nanospa.predict import predict_kernels
 from nanospa.signal import kernels
-from nanospa.signal.inputs import input_kernel
+from nanospa.signal.maps import input_kernel
 from nanospa.signal.beyond.norm_maps import (BATCH_NORM_EPS, batch_attention, batch_input_kernel, batchnorm_map,
                                              causal_batchnorm_map, init_norm_map, running_batchnorm_map)
 from test_predict import distinct_batch, max_errors, q_tol, tol, wide

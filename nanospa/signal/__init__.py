@@ -12,16 +12,17 @@ activations.py    the base activations, their derivatives, and phi_hat itself (P
 qc_maps.py        quadrature and TAT's leaky-ReLU closed forms (docs/activations.md §2, §5, §8)
 depth_targets.py  per-layer targets from network-level ones (docs/activations.md §6)
 act_transform.py  the DKS and TAT solvers (docs/activations.md §3-§5, §7)
-inputs.py         the input kernel Sigma_0 and positional encodings (§11)
-maps.py           the wide-limit kernel map of each sublayer (§3.2, §10)
+inputs.py         the embedding's variances and positional encodings (§11)
 plan.py           the plan: the schedule and the activation's targets, one plain value
 
 Read second:
 
 budget.py         the kernel budget that chooses the plan by default (nanospa's own idea;
 walks.py          docs/kernel_budget.md) and the walk it is solved on, with A_l as a dense matrix
-local_maps.py     the MLP's kernel map of a whole kernel (Hermite series; §10), which the
-                  predictions and the budget's walk run through maps.MLPMap
+maps.py           the wide-limit kernel maps at init: the input kernel Sigma_0 and each
+                  sublayer's map (§3.2, §10, §11), which the predictions and the budget's walk run
+local_maps.py     the MLP's: the Q-map, the C-map and the map of a whole kernel (Hermite
+                  series; docs/activations.md §2, §8; §10), through maps.MLPMap
 collapse.py       rank collapse at init: the measures of a kernel, standard attention at init,
                   the mean field of softmax attention (§3.4, §4), which the predictions, the
                   table and the measurements read
@@ -42,8 +43,8 @@ from .attn_bias import espa_bias, uspa_bias, bias_block, layer_bias, dense_layer
 from .activations import LEAKY_RELU_SLOPE
 from .local_maps import q_map, c_map
 from .act_transform import activation_transform, shaped_activation_names
-from .inputs import POS_VARIANCE, input_kernel, sinusoidal_encoding, token_variance
-from .maps import MLPMap, attention_map
+from .inputs import POS_VARIANCE, sinusoidal_encoding, token_variance
+from .maps import MLPMap, attention_map, input_kernel
 from .collapse import (mean_offdiag, min_entry, effective_rank, kernel_stats, uniform_causal_attention,
                        value_skipinit_attention, softmax_attention_map)
 from .plan import Plan, activation_spec, split_activation

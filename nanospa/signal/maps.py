@@ -1,7 +1,11 @@
-"""Wide-limit kernel maps of the model's sublayers at initialisation (docs/method.md §2.2,
-§3.2, §10): what one attention sublayer, one MLP, one norm and one residual branch do to a
-(T, T) kernel Sigma when n_embd -> inf with the model's own initialisation.
+"""Wide-limit kernel maps of the model at initialisation (docs/method.md §2.2, §3.2, §10, §11):
+the input kernel Sigma_0 of a token sequence, and what one attention sublayer, one MLP, one
+norm and one residual branch do to a (T, T) kernel Sigma when n_embd -> inf with the model's
+own initialisation. Read second: the predictions and the kernel budget's walk run these; the
+model's build reads only residual_weights, whose values model.Residual states.
 
+    input_kernel           Sigma_0 of the embedding output (a whole batch's, for BatchNorm's
+                           maps: beyond/norm_maps.py)
     attention_map          Sigma -> A Sigma A^T (heads sharing A, W^V W^O orthogonal; or per head)
     MLPMap                 Sigma'_ij = E[phi_hat(u_i) phi_hat(u_j)], u ~ N(0, Sigma)
     normalise              LayerNorm / RMSNorm (Sigma -> C)
@@ -10,7 +14,7 @@
                            kernel budget's walk both call; the extensions' maps (signal/beyond)
                            are imported only when a configuration names one
 
-Not here: the input kernel (inputs.py), the mean field of softmax attention with random
+Not here: the embedding's variances and positions (inputs.py), the mean field of softmax attention with random
 queries and keys (collapse.py: only the predictions use it), the walk through a whole model (nanospa/predict.py,
 above the model, whose variants it reads), the attention matrices themselves (attn_bias.py)
 and the activation's parameters (act_transform.py). Everything is float64 NumPy. The model
@@ -23,7 +27,8 @@ import math
 import numpy as np
 
 from .act_transform import activation_transform
-from .kernels import flush, normalised_kernel
+from .inputs import ADDITIVE_POSITIONS, POS_VARIANCE, sinusoidal_encoding
+from .kernels import check_T, flush, normalised_kernel
 from .local_maps import LocalMaps
 
 
@@ -99,3 +104,43 @@ def residual_kernel(a, b, Sigma_x, Sigma_h):
     """The kernel of a x + b h at init: a^2 Sigma_x + b^2 Sigma_h (the cross terms vanish:
     W^O and W_2 are random orthogonal matrices independent of x)."""
     return a * a * Sigma_x + b * b * Sigma_h
+
+
+def input_kernel(tokens=None, T=None, pos="none", n_embd=None, pos_variance=POS_VARIANCE):
+    """Sigma_0 of the embedding output in the wide limit (method §11), (T, T).
+
+        Sigma_0[i, j] = sigma_e^2 1[t_i = t_j] + sigma_p^2 1[i = j]      pos = "learned"
+        Sigma_0[i, j] = sigma_e^2 1[t_i = t_j] + (P P^T / d)[i, j]       pos = "sinusoidal"
+        Sigma_0[i, j] = 1[t_i = t_j]                      pos = "none" (also for positions in the logits)
+
+    with sigma_p^2 = pos_variance and sigma_e^2 = 1 - sigma_p^2 (sigma_e^2 = 1 without
+    positions). tokens: a (T,) sequence of ids, or None for T distinct tokens (then
+    Sigma_0 = I for pos "none" / "learned"). The sinusoidal term is the exact P P^T / d of
+    the model's encoding, so it needs n_embd.
+    """
+    if tokens is None:
+        if T is None:
+            raise ValueError("input_kernel needs tokens or T")
+        T = check_T(T)
+        same = np.eye(T)
+    else:
+        t = np.asarray(tokens)
+        if t.ndim != 1 or t.size == 0:
+            raise ValueError(f"tokens must be a non-empty 1-D sequence, got shape {t.shape}")
+        if T is not None and check_T(T) != t.size:
+            raise ValueError(f"T={T} does not match len(tokens)={t.size}")
+        T = t.size
+        same = (t[:, None] == t[None, :]).astype(np.float64)
+    if pos == "none":
+        return same
+    if pos not in ADDITIVE_POSITIONS:
+        raise ValueError(f"pos={pos!r} is not one of {['none', *ADDITIVE_POSITIONS]} (positions that act in "
+                         "the logits add nothing to the embedding: pass pos='none')")
+    if not 0.0 < pos_variance < 1.0:
+        raise ValueError(f"pos_variance must be in (0, 1), got {pos_variance}")
+    if pos == "learned":
+        return (1.0 - pos_variance) * same + pos_variance * np.eye(T)
+    if not n_embd:
+        raise ValueError("input_kernel with pos='sinusoidal' needs n_embd")
+    P = sinusoidal_encoding(T, n_embd, pos_variance)
+    return (1.0 - pos_variance) * same + P @ P.T / n_embd

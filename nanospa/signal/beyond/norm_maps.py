@@ -49,6 +49,7 @@ import numpy as np
 
 from .. import inputs
 from ..kernels import normalised_kernel
+from ..maps import input_kernel
 from ..local_maps import LocalMaps
 
 DYT_ALPHA = 0.5             # DyT's initial alpha: DyT(x) = tanh(alpha x) at init (the model uses it)
@@ -162,5 +163,5 @@ def batch_input_kernel(tokens, pos="none", n_embd=None, pos_variance=inputs.POS_
     B, T = t.shape
     flat = t.reshape(-1)
     var_e = 1.0 if pos not in inputs.ADDITIVE_POSITIONS else 1.0 - pos_variance
-    positions = inputs.input_kernel(T=T, pos=pos, n_embd=n_embd, pos_variance=pos_variance) - var_e * np.eye(T)
+    positions = input_kernel(T=T, pos=pos, n_embd=n_embd, pos_variance=pos_variance) - var_e * np.eye(T)
     return var_e * (flat[:, None] == flat[None, :]) + np.tile(positions, (B, B))
