@@ -8,7 +8,7 @@ import pytest
 
 from nanospa import GPT, GPTConfig
 from nanospa.measure import measured_kernels
-from nanospa.signal import collapse, dense_layer_bias, kernels, make_plan, realise
+from nanospa.signal import collapse, dense_layer_bias, kernels, make_plan, realise, walks
 from nanospa.signal.maps import input_kernel
 from nanospa.predict import KernelPrediction, attention_at_init, predict_kernels
 
@@ -18,7 +18,7 @@ def effective_attention(cfg, plan, l, T):
 
 
 def plan_targets(plan, T):
-    return [None if plan.kind is None else kernels.spa_kernel(plan.kind, T, plan.schedule[l])
+    return [None if plan.kind is None else walks.spa_kernel(plan.kind, T, plan.schedule[l])
             for l in range(1, plan.n_layer + 1)]
 
 pytestmark = pytest.mark.slow       # the full suite only: python -m pytest -m 'not slow' skips it
@@ -107,7 +107,7 @@ def test_effective_attention_of_each_kind():
                                           realise(*dense_layer_bias(plan, l, T)))
         assert len(plan_targets(plan, T)) == 3
         np.testing.assert_array_equal(plan_targets(plan, T)[2],
-                                      kernels.spa_kernel(attention, T, plan.schedule[3]))
+                                      walks.spa_kernel(attention, T, plan.schedule[3]))
     cfg = GPTConfig(block_size=T, n_layer=2, attention="value_skipinit", activation="linear")
     plan = make_plan(cfg)
     np.testing.assert_array_equal(effective_attention(cfg, plan, 1, T), np.eye(T))
@@ -137,7 +137,7 @@ def test_prediction_accessors_and_q_values():
     assert pred.q(4).shape == (16,) and pred.q(4)[0] == pytest.approx(1.0)
     np.testing.assert_array_equal(pred.kernel(0), pred.sigma_0)
     assert pred.stats(4)["mean_offdiag"] == collapse.kernel_stats(pred.kernel(4))["mean_offdiag"]
-    np.testing.assert_array_equal(pred.kernel(4, "target"), kernels.spa_kernel("espa", 16, pred.config.gamma_final
+    np.testing.assert_array_equal(pred.kernel(4, "target"), walks.spa_kernel("espa", 16, pred.config.gamma_final
                                                                                 or make_plan(cfg).schedule[4]))
     np.testing.assert_array_equal(pred.final, pred.kernel(4))          # no final norm here
     with pytest.raises(ValueError, match="sublayer='ffn'"):

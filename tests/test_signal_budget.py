@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nanospa import GPT, GPTConfig
-from nanospa.signal import kernels, dense_layer_bias, spa_schedule
+from nanospa.signal import kernels, dense_layer_bias, spa_schedule, walks
 from nanospa.signal.budget import BUDGETS, DEFAULT_BUDGET, ETA, INDEPENDENT_GAMMA_FINAL, JOINT_FINAL_CORR, ROOT_TOL, make_plan, max_eta
 from nanospa.signal.plan import Plan, activation_spec, split_activation
 from nanospa.predict import attention_at_init, predict_kernels
@@ -143,7 +143,7 @@ def test_joint_with_skips_gives_the_attention_target_rho_star(attention, residua
     (the solver would run to its bound); the last SPA target takes rho* itself."""
     c = cfg(attention=attention, residual=residual)
     plan = make_plan(c)
-    target = kernels.spa_kernel(attention, 4, plan.schedule[-1])
+    target = walks.spa_kernel(attention, 4, plan.schedule[-1])
     assert target[0, 1] == pytest.approx(JOINT_FINAL_CORR, rel=1e-12)
     assert plan.info["joint_mode"].startswith("residual")
 

@@ -1,5 +1,5 @@
 """Tests for nanospa/signal/kernels.py: kernels, SPA targets and schedules (espa_/uspa_ and
-the kind-generic spa_kernel / spa_schedule), the subnormal flush; and for the rank-collapse
+walks.py's kind-generic spa_kernel / spa_schedule), the subnormal flush; and for the rank-collapse
 measures and standard attention at init of nanospa/signal/collapse.py (docs/method.md §3, §4,
 §6, §7.1, §7.3)."""
 import numpy as np
@@ -10,7 +10,8 @@ from nanospa.signal import (effective_rank, espa_gammas, espa_kernel, kernel_mat
                             normalised_kernel, q_values, spa_kernel, spa_schedule,
                             uniform_causal_attention, uspa_kernel, uspa_rhos,
                             value_skipinit_attention)
-from nanospa.signal.kernels import SPA_KINDS, TINY, check_T, flush
+from nanospa.signal.kernels import TINY, check_T, flush
+from nanospa.signal.walks import SPA_KINDS
 
 EPS = np.finfo(np.float64).eps
 

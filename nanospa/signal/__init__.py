@@ -19,6 +19,7 @@ Read second:
 
 budget.py         the kernel budget that chooses the plan by default (nanospa's own idea;
 walks.py          docs/kernel_budget.md) and the walk it is solved on, with A_l as a dense matrix
+                  and the targets and schedules of either kind (spa_kernel, spa_schedule)
 maps.py           the wide-limit kernel maps at init: the input kernel Sigma_0 and each
                   sublayer's map (§3.2, §10, §11), which the predictions and the budget's walk run
 local_maps.py     the MLP's: the Q-map, the C-map and the map of a whole kernel (Hermite
@@ -36,7 +37,7 @@ imports it until a configuration names one. The walk through a whole model (the 
 predicts at init) is nanospa/predict.py: it reads the model's variants, which live above.
 """
 from .kernels import (kernel_matrix, q_values, normalised_kernel, espa_kernel, uspa_kernel,
-                      spa_kernel, espa_gammas, uspa_rhos, spa_schedule)
+                      espa_gammas, uspa_rhos)
 from .cholesky import (checked_cholesky, transfer_matrix, espa_attention_reference, sym_sqrt,
                        noncausal_attention, check_attention, log_attention_from, bias_and_rescale)
 from .attn_bias import espa_bias, uspa_bias, bias_block, layer_bias, dense_layer_bias, rescale, realise
@@ -48,5 +49,5 @@ from .maps import MLPMap, attention_map, input_kernel
 from .collapse import (mean_offdiag, min_entry, effective_rank, kernel_stats, uniform_causal_attention,
                        value_skipinit_attention, softmax_attention_map)
 from .plan import Plan, activation_spec, split_activation
-from .walks import espa_attention, uspa_attention, spa_matrix
+from .walks import espa_attention, uspa_attention, spa_matrix, spa_kernel, spa_schedule
 from .budget import make_plan, BUDGETS, DEFAULT_BUDGET

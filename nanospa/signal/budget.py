@@ -36,10 +36,10 @@ import importlib
 import math
 
 from .depth_targets import DEFAULT_TARGETS, chain_c0
-from .kernels import DEFAULT_GAMMA_FINAL, SPA_KINDS, spa_schedule
+from .kernels import DEFAULT_GAMMA_FINAL
 from .act_transform import activation_transform
 from .plan import Plan, activation_spec, shaping_depth, split_activation
-from .walks import JOINT_SOLVE_T, network_stats, pair_walk
+from .walks import JOINT_SOLVE_T, SPA_KINDS, network_stats, pair_walk, spa_schedule
 
 BUDGETS = ("independent", "joint", "qpreserve", "mlp_aware", "joint_qpreserve")
 DEFAULT_BUDGET = "joint"

@@ -5,7 +5,8 @@ schedule) and §7.1/§7.3 (E-SPA target and gamma schedule). Everything is float
 host arrays. The attention matrices that map one target kernel to the next live in
 attn_bias.py (closed forms, log space, bias/rescale split; the general one, their reference,
 in cholesky.py); rank collapse under plain attention and its measures (§3.4, §4) in
-collapse.py, read second.
+collapse.py, and the target and schedule of a kind given by name (walks.py spa_kernel,
+spa_schedule), read second.
 
 Notation (docs/method.md §1)
 
@@ -127,24 +128,3 @@ def uspa_rhos(n_layer, rho_final=DEFAULT_RHO_FINAL):
     rhos = np.concatenate([[0.0], -np.expm1(frac * np.log1p(-rho_final))])
     rhos[L] = rho_final
     return rhos
-
-
-SPA_KINDS = ("espa", "uspa")
-
-
-def _check_kind(kind):
-    if kind not in SPA_KINDS:
-        raise ValueError(f"kind must be one of {list(SPA_KINDS)}, got {kind!r}")
-
-
-def spa_kernel(kind, T, value):
-    """The SPA target Sigma_l of kind "espa" (value = gamma_l) or "uspa" (value = rho_l)."""
-    _check_kind(kind)
-    return espa_kernel(T, value) if kind == "espa" else uspa_kernel(T, value)
-
-
-def spa_schedule(kind, n_layer, final):
-    """[v_0, v_1, ..., v_L]: the E-SPA gammas (v_0 = inf) or U-SPA rhos (v_0 = 0) ending at
-    `final` (espa_gammas / uspa_rhos)."""
-    _check_kind(kind)
-    return espa_gammas(n_layer, final) if kind == "espa" else uspa_rhos(n_layer, final)

@@ -13,7 +13,7 @@ import numpy as np
 
 from .attn_bias import dense_layer_bias, realise
 from .collapse import kernel_stats
-from .kernels import spa_kernel
+from .walks import spa_kernel
 
 
 def default_depths(L):

@@ -3,7 +3,8 @@ in common, through the blocks of a model at initialisation, and the statistics o
 result that the joint policy's targets are measured on; WalkMaps, the maps of one block
 that this walk and the policies beyond the default share; and A_l of the schedule as a dense
 matrix (spa_matrix: espa_attention, uspa_attention, from the closed forms of attn_bias.py),
-which both multiply kernels by.
+which both multiply kernels by, with the target Sigma_l and the schedule of either kind
+(spa_kernel, spa_schedule: kernels.py's espa_/uspa_ functions by name).
 
 Not here: the policies and the solve for their targets (budget.py), the walk of one sequence
 that the policies beyond the default run (beyond/policies.py), the sublayer maps (maps.py),
@@ -16,7 +17,7 @@ two sequences with no token in common, F / C the MLP's kernel map and C-map.
 import numpy as np
 
 from .attn_bias import _uspa_block, bias_block, espa_bias, uspa_bias
-from .kernels import check_T, flush, normalised_kernel
+from .kernels import check_T, espa_gammas, espa_kernel, flush, normalised_kernel, uspa_kernel, uspa_rhos
 from .maps import MLPMap, attention_map, norm_kernel, residual_kernel, residual_weights
 
 COLLAPSED_RTOL = 1e-12            # an input-dependent q below this share of max q: collapsed
@@ -50,6 +51,28 @@ def spa_matrix(kind, T, value, value_prev):
     if kind == "uspa":
         return uspa_attention(T, value, value_prev)
     raise ValueError(f"kind must be 'espa' or 'uspa', got {kind!r}")
+
+
+SPA_KINDS = ("espa", "uspa")
+
+
+def _check_kind(kind):
+    if kind not in SPA_KINDS:
+        raise ValueError(f"kind must be one of {list(SPA_KINDS)}, got {kind!r}")
+
+
+def spa_kernel(kind, T, value):
+    """The SPA target Sigma_l of kind "espa" (value = gamma_l) or "uspa" (value = rho_l)."""
+    _check_kind(kind)
+    return espa_kernel(T, value) if kind == "espa" else uspa_kernel(T, value)
+
+
+def spa_schedule(kind, n_layer, final):
+    """[v_0, v_1, ..., v_L]: the E-SPA gammas (v_0 = inf) or U-SPA rhos (v_0 = 0) ending at
+    `final` (espa_gammas / uspa_rhos)."""
+    _check_kind(kind)
+    return espa_gammas(n_layer, final) if kind == "espa" else uspa_rhos(n_layer, final)
+
 
 
 # ------------------------------------------------------------------ one block

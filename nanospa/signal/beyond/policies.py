@@ -20,9 +20,9 @@ targets are solved on (walks.py). Notation as in budget.py.
 import numpy as np
 
 from ..cholesky import bias_and_rescale, log_attention_from
-from ..kernels import flush, spa_kernel
+from ..kernels import flush
 from ..maps import attention_map
-from ..walks import WalkMaps, spa_matrix
+from ..walks import WalkMaps, spa_kernel, spa_matrix
 
 MLP_AWARE_NEG_TOL = 1e-10         # A entries above -tol * max A count as rounding zeros
 Q1_TOL = 1e-8                     # mlp_aware needs Q(1) = 1 to this tolerance (shaped: ~1e-14)
