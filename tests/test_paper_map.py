@@ -158,8 +158,8 @@ def test_the_table_is_read_and_a_wrong_row_fails(places):
     run (realise is the predictions', not the model's) or missing one where it does (the
     budget's walk runs attention_map in the plan) is caught."""
     assert len(rows()) >= 20 and sum(len(names) for _, names in rows()) >= 45
-    assert wrong_places(places, "signal/attn_bias.py", "realise", ["predictions"]) == []
-    assert wrong_places(places, "signal/attn_bias.py", "realise", ["model", "predictions"]) == \
+    assert wrong_places(places, "signal/cholesky.py", "realise", ["predictions"]) == []
+    assert wrong_places(places, "signal/cholesky.py", "realise", ["model", "predictions"]) == \
         ["named model but does not run there"]
     assert wrong_places(places, "signal/maps.py", "attention_map", ["predictions"]) == ["runs in plan too"]
     assert wrong_places(places, "signal/cholesky.py", "espa_attention_reference", ["tests"]) == []

@@ -13,7 +13,8 @@ from nanospa import GPT, GPTConfig, beyond, config, signal
 from nanospa.gradcheck import check_directions, check_jacobian, tensor64
 from nanospa.beyond.positions import AlibiHook, Rope, rope
 from nanospa.signal import collapse
-from nanospa.signal.attn_bias import bias_block, dense_layer_bias, espa_bias, realise
+from nanospa.signal.attn_bias import bias_block, espa_bias
+from nanospa.signal.cholesky import dense_layer_bias, realise
 from nanospa.signal.inputs import token_variance
 from nanospa.signal.maps import input_kernel
 from nanospa.signal.collapse import softmax_attention_map

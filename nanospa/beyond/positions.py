@@ -44,7 +44,8 @@ class LogitPosition(Position):
     def at_init(cfg, T=None, tokens=None):
         return signal.input_kernel(tokens, T, pos="none")
 from ..nn import Parameter
-from ..signal.attn_bias import bias_block, dense_layer_bias, layer_bias
+from ..signal.attn_bias import bias_block, layer_bias
+from ..signal.cholesky import dense_layer_bias
 from ..signal.beyond.positions import alibi_bias, rope_angles, rope_frequencies
 from ..signal.beyond.positions import alibi_slopes as signal_alibi_slopes
 from ..tensor import Function

@@ -39,8 +39,9 @@ predicts at init) is nanospa/predict.py: it reads the model's variants, which li
 from .kernels import (kernel_matrix, q_values, normalised_kernel, espa_kernel, uspa_kernel,
                       espa_gammas, uspa_rhos)
 from .cholesky import (checked_cholesky, transfer_matrix, espa_attention_reference, sym_sqrt,
-                       noncausal_attention, check_attention, log_attention_from, bias_and_rescale)
-from .attn_bias import espa_bias, uspa_bias, bias_block, layer_bias, dense_layer_bias, rescale, realise
+                       noncausal_attention, check_attention, log_attention_from, bias_and_rescale,
+                       dense_layer_bias, realise)
+from .attn_bias import espa_bias, uspa_bias, bias_block, layer_bias, rescale
 from .activations import LEAKY_RELU_SLOPE
 from .local_maps import q_map, c_map
 from .act_transform import activation_transform, shaped_activation_names

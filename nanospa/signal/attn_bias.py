@@ -9,9 +9,10 @@ One source per kind: ``espa_bias`` and ``uspa_bias`` turn a layer's schedule val
 the O(T) "parts" of its B_l and D_l, and ``bias_block`` generates any block of B_l from them
 (the whole square for a dense B_l, one (query, key) block at a time for the blockwise
 attention). ``layer_bias(plan, l)`` gives block l of a model its (parts, D_l): the model,
-the predictions and the command line all call it (dense_layer_bias: B_l as a matrix). The dense
-references the tests hold these to (§5's general transfer matrix, §7.2's A_l entry by entry)
-and §8's split of a general A_l are in cholesky.py; A_l itself as a dense matrix, which the
+the predictions and the command line all call it. The dense references the tests hold these
+to (§5's general transfer matrix, §7.2's A_l entry by entry), §8's split of a general A_l,
+and B_l and A_l = diag(D_l) softmax(B_l) as dense matrices (dense_layer_bias, realise) are in
+cholesky.py; A_l itself as a dense matrix, which the
 kernel budget's walk multiplies kernels by, in walks.py.
 
 Notation (docs/method.md §1, §7.2, §8)
@@ -28,7 +29,7 @@ Notation (docs/method.md §1, §7.2, §8)
 """
 import numpy as np
 
-from .kernels import check_T, flush
+from .kernels import check_T
 
 NEG_RTOL = 1e-12   # entries of A in [-NEG_RTOL max|A|, 0) are rounding (closed forms: ~1e-16)
 
@@ -202,26 +203,13 @@ def bias_block(parts, i0, i1, j0, j1, dtype=np.float64, out=None, xp=np):
     return out
 
 
-# ---------------------------------------------------------------- realising A_l (method §8)
+# ---------------------------------------------------------------- D_l (method §8)
 
 def rescale(X, D):
     """diag(D_l) X: row i (position i) of X scaled by D_l[i] (method §8). X: (..., T, k),
     a float64 array, a device array or an engine Tensor (only `*` is used), T <= len(D);
-    D: (T_max,). The model applies it to its attention output D_l (P V), realise to P."""
+    D: (T_max,). The model applies it to its attention output D_l (P V), cholesky.realise to P."""
     return X * D[:X.shape[-2], None]
-
-
-def realise(B, D, T=None):
-    """A_l = diag(D_l) softmax(B_l) (method §8), (T, T) float64, for the first T positions
-    (T <= len(D); every quantity here is prefix consistent). The softmax runs over the
-    causal entries j <= i only, whatever B holds above the diagonal; entries below
-    kernels.TINY are flushed to 0. B may have leading axes (one bias per head: (H, T, T))."""
-    T = len(D) if T is None else T
-    logits = np.where(np.tri(T, dtype=bool), np.asarray(B, dtype=np.float64)[..., :T, :T], -np.inf)
-    with np.errstate(under="ignore"):
-        P = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    P /= P.sum(axis=-1, keepdims=True)
-    return flush(rescale(P, np.asarray(D, dtype=np.float64)))
 
 
 # ---------------------------------------------------------------- per layer
@@ -245,11 +233,3 @@ def layer_bias(plan, l, T=None):
         raise ValueError(f"layer_bias: plan of kind {plan.kind!r} has no SPA bias (expected 'espa' or 'uspa')")
     parts = source(T, plan.schedule[l], plan.schedule[l - 1])
     return parts, (np.exp(parts["lse"]) if own is None else own[1][:T])
-
-
-def dense_layer_bias(plan, l, T=None):
-    """(B_l, D_l) of block l with B_l dense, (T, T) float64, -inf above the diagonal:
-    layer_bias, and bias_block over the whole square (the table, the predictions, small T)."""
-    T = plan.block_size if T is None else T
-    parts, D = layer_bias(plan, l, T)
-    return bias_block(parts, 0, T, 0, T), D

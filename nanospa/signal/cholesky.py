@@ -1,6 +1,8 @@
 """SPA in general: checked Cholesky factors, the general transfer matrix and its B_l and D_l,
 the dense references the closed forms of attn_bias.py are checked against (the tests run
-this file, and the kernel budget's policies beyond the default; read second).
+this file, and the kernel budget's policies beyond the default; read second); and the dense
+B_l and A_l = diag(D_l) softmax(B_l) of a plan's block, which the predictions and the table
+run (dense_layer_bias, realise).
 
 Implements docs/method.md §5 (general recipe A_l = chol(Sigma_l) chol(Sigma_{l-1})^-1),
 §7.2's E-SPA A_l written out entry by entry, §8's split A = diag(D) softmax(B) of a general
@@ -20,7 +22,8 @@ Notation (docs/method.md §1)
 """
 import numpy as np
 
-from .attn_bias import NEG_RTOL
+from .attn_bias import NEG_RTOL, bias_block, layer_bias, rescale
+from .kernels import flush
 
 # Relative symmetry tolerance for input kernels: propagated kernels A S A^T are symmetric
 # only up to rounding (a few ulps of the largest entry), so allow 1e-10 of max |S|.
@@ -167,3 +170,26 @@ def bias_and_rescale(logA):
         raise ValueError("bias_and_rescale: every row of logA needs a finite entry")
     lse = m + np.log(np.exp(logA - m).sum(axis=1, keepdims=True))
     return logA - lse, np.exp(lse[:, 0])
+
+
+# ---------------------------------------------------------------- A_l from B_l and D_l, dense (method §8)
+
+def realise(B, D, T=None):
+    """A_l = diag(D_l) softmax(B_l) (method §8), (T, T) float64, for the first T positions
+    (T <= len(D); every quantity here is prefix consistent). The softmax runs over the
+    causal entries j <= i only, whatever B holds above the diagonal; entries below
+    kernels.TINY are flushed to 0. B may have leading axes (one bias per head: (H, T, T))."""
+    T = len(D) if T is None else T
+    logits = np.where(np.tri(T, dtype=bool), np.asarray(B, dtype=np.float64)[..., :T, :T], -np.inf)
+    with np.errstate(under="ignore"):
+        P = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    P /= P.sum(axis=-1, keepdims=True)
+    return flush(rescale(P, np.asarray(D, dtype=np.float64)))
+
+
+def dense_layer_bias(plan, l, T=None):
+    """(B_l, D_l) of block l with B_l dense, (T, T) float64, -inf above the diagonal:
+    layer_bias, and bias_block over the whole square (the table, the predictions, small T)."""
+    T = plan.block_size if T is None else T
+    parts, D = layer_bias(plan, l, T)
+    return bias_block(parts, 0, T, 0, T), D

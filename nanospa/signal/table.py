@@ -11,7 +11,7 @@ configuration is read by duck typing (GPTConfig's fields).
 """
 import numpy as np
 
-from .attn_bias import dense_layer_bias, realise
+from .cholesky import dense_layer_bias, realise
 from .collapse import kernel_stats
 from .walks import spa_kernel
 
