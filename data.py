@@ -1,7 +1,6 @@
 """The dataset and batch API: byte tokens, the cached token file, splits, training batches.
 
-What lives here: byte-level tokens (`encode`, `decode`, `token_dtype`, VOCAB_SIZE), and
-`encode_prompt` (a prompt's ids, checked before a run or a sample starts);
+What lives here: byte-level tokens (`encode`, `decode`, `token_dtype`, VOCAB_SIZE);
 `load_dataset`, which turns a dataset spec into a `Dataset` of memory-mapped train / val
 (/ test) token arrays, building its cache entry once, in byte tokens or (tokenizer="bpe:N")
 in the subword tokens of nanospa/run/tokenizer.py; `check_length`, `get_batch`
@@ -37,7 +36,7 @@ from nanospa.run import corpus
 from nanospa.run import tokenizer as subword
 from nanospa.run.cache import BYTE_VOCAB, TOKENS_FILE, check_cache, entry, token_dtype  # noqa: F401 (token_dtype: data's API)
 from nanospa.run.corpus import DataError
-from nanospa.run.settings import SettingsError, parse_settings, run_command
+from nanospa.run.settings import parse_settings, run_command
 
 VOCAB_SIZE = BYTE_VOCAB                # byte-level tokens
 DEFAULT_VAL_FRACTION = 0.1             # the last 10% is validation, as in nanoGPT
@@ -57,24 +56,6 @@ def decode(ids):
     if a.size and (a.min() < 0 or a.max() >= VOCAB_SIZE):
         raise ValueError(f"byte ids must lie in 0..{VOCAB_SIZE - 1}, got values {a.min()}..{a.max()}")
     return a.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
-
-
-def encode_prompt(encode_fn, text, vocab_size, key="start"):
-    """A prompt's ids, (t,) int64, checked before any model is built or trained: SettingsError
-    naming --key for text that is not UTF-8 (a lone surrogate: undecodable command-line bytes,
-    which no tokenizer can encode), an empty encoding, or an id beyond vocab_size."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise SettingsError(f"--{key}: the prompt is not UTF-8 text ({e.reason}, character {e.start}: "
-                            f"{text[e.start]!r}); give it as UTF-8") from None
-    idx = np.asarray(encode_fn(text), dtype=np.int64).ravel()
-    if idx.size == 0:
-        raise SettingsError(f"--{key}: an empty prompt (give at least one character)")
-    if idx.min() < 0 or idx.max() >= vocab_size:
-        raise SettingsError(f"--{key}: the prompt's token ids reach {idx.max()}, beyond the model's vocabulary "
-                            f"of {vocab_size}")
-    return idx
 
 
 @dataclass

@@ -16,14 +16,15 @@ import sys
 
 import numpy as np
 
-from data import decode, encode, encode_prompt, load_dataset
+from data import decode, encode, load_dataset
 from nanospa import backend
 from nanospa.config import GPTConfig
 from nanospa.model import GPT
 from nanospa.run.checkpoint import (CheckpointError, data_identity, describe_data, different_data, load_checkpoint,
                                     non_finite_arrays)
 from nanospa.run.rundir import CKPT_FILE
-from nanospa.run.settings import SettingsError, help_text, parse_settings, run_command, source_notes, wants_help
+from nanospa.run.settings import (SettingsError, encode_prompt, help_text, parse_settings, run_command, source_notes,
+                                  wants_help)
 from nanospa.sampling import generate, kv_cache_refusal
 
 DEFAULTS = dict(

@@ -37,7 +37,7 @@ from dataclasses import fields
 import numpy as np
 from tqdm import tqdm
 
-from data import check_length, encode_prompt, get_batch, load_dataset, unigram_entropy
+from data import check_length, get_batch, load_dataset, unigram_entropy
 from nanospa import backend
 from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, RATES, make_optimizer, rates_for
 from nanospa.config import GPTConfig
@@ -48,7 +48,7 @@ from nanospa.run import distributed, malloc, step, threads
 from nanospa.run.checks import check_settings
 from nanospa.run.fits import check_fits
 from nanospa.run.session import Diverged, Session
-from nanospa.run.settings import help_text, run_command, source_notes, wants_help
+from nanospa.run.settings import encode_prompt, help_text, run_command, source_notes, wants_help
 from nanospa.predict import predicted_kernels     # averaged over the probe's own sequences
 from nanospa.sampling import generate
 from nanospa.tensor import no_grad

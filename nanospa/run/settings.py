@@ -14,6 +14,8 @@ python -m nanospa.experiments, python -m nanospa.signal and python -m nanospa.be
     check_output_dir(path, key), check_output_file(path, key)
                                                     an output path can be written, checked
                                                     before any work starts (SettingsError)
+    encode_prompt(encode, text, vocab_size, key)    a prompt's ids (train.py's sample,
+                                                    sample.py), checked likewise
 
 Exit status of every command: 0 done, 1 training diverged (train.py only), 2 bad input or an
 environment fault (a path that cannot be read or written, a full disk, out of memory, a
@@ -42,6 +44,8 @@ import signal
 import sys
 import threading
 from pathlib import Path
+
+import numpy as np
 
 EXIT_DIVERGED, EXIT_BAD_INPUT = 1, 2   # 0 done
 EXIT_SIGNAL_BASE, SIGINT = 128, 2     # stopped by signal N: 128 + N (SIGINT 130, SIGTERM 143)
@@ -316,3 +320,21 @@ def check_output_file(path, key):
         raise SettingsError(f"--{key}={path}: its folder {folder} {what}")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise SettingsError(f"--{key}={path}: its folder {folder} is not writable")
+
+
+def encode_prompt(encode_fn, text, vocab_size, key="start"):
+    """A prompt's ids, (t,) int64, checked before any model is built or trained: SettingsError
+    naming --key for text that is not UTF-8 (a lone surrogate: undecodable command-line bytes,
+    which no tokenizer can encode), an empty encoding, or an id beyond vocab_size."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise SettingsError(f"--{key}: the prompt is not UTF-8 text ({e.reason}, character {e.start}: "
+                            f"{text[e.start]!r}); give it as UTF-8") from None
+    idx = np.asarray(encode_fn(text), dtype=np.int64).ravel()
+    if idx.size == 0:
+        raise SettingsError(f"--{key}: an empty prompt (give at least one character)")
+    if idx.min() < 0 or idx.max() >= vocab_size:
+        raise SettingsError(f"--{key}: the prompt's token ids reach {idx.max()}, beyond the model's vocabulary "
+                            f"of {vocab_size}")
+    return idx
