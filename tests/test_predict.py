@@ -8,7 +8,7 @@ import pytest
 
 from nanospa import GPT, GPTConfig
 from nanospa.measure import measured_kernels
-from nanospa.signal import collapse, dense_layer_bias, kernels, make_plan, realise, walks
+from nanospa.signal import cholesky, collapse, dense_layer_bias, kernels, make_plan, realise, walks
 from nanospa.signal.maps import input_kernel
 from nanospa.predict import KernelPrediction, attention_at_init, predict_kernels
 
@@ -82,7 +82,7 @@ def test_attention_only_espa_prediction_is_the_target():
     pred = predict_kernels(cfg)
     for l in range(1, 9):
         np.testing.assert_allclose(pred.kernel(l), pred.kernel(l, "target"), atol=1e-12)
-    np.testing.assert_allclose(pred.kernel(8), kernels.espa_kernel(32, 0.05), atol=1e-12)
+    np.testing.assert_allclose(pred.kernel(8), cholesky.espa_kernel(32, 0.05), atol=1e-12)
 
 
 def test_value_skipinit_is_the_identity_and_zero_query_softmax_is_uniform():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nanospa import GPT, GPTConfig
-from nanospa.signal import kernels, dense_layer_bias, spa_schedule, walks
+from nanospa.signal import cholesky, kernels, dense_layer_bias, spa_schedule, walks
 from nanospa.signal.budget import BUDGETS, DEFAULT_BUDGET, ETA, INDEPENDENT_GAMMA_FINAL, JOINT_FINAL_CORR, ROOT_TOL, make_plan, max_eta
 from nanospa.signal.plan import Plan, activation_spec, split_activation
 from nanospa.predict import attention_at_init, predict_kernels
@@ -53,7 +53,7 @@ def test_independent_is_the_reimplementations_recipe():
     pred = predict_kernels(cfg(kernel_budget="independent", activation="linear"))
     for l in range(1, c.n_layer + 1):
         assert plan.schedule[l] == pytest.approx(gammas[l])
-        np.testing.assert_allclose(pred.kernel(l), kernels.espa_kernel(c.block_size, gammas[l]), atol=1e-12)
+        np.testing.assert_allclose(pred.kernel(l), cholesky.espa_kernel(c.block_size, gammas[l]), atol=1e-12)
     with pytest.raises(ValueError, match="eta=0.95 is unreachable"):
         make_plan(cfg(kernel_budget="independent", n_layer=2, eta=0.95))
 

@@ -1,4 +1,4 @@
-"""Tests for nanospa/signal/kernels.py: kernels, SPA targets and schedules (espa_/uspa_ and
+"""Tests for nanospa/signal/kernels.py: kernels, SPA targets (cholesky.py) and schedules (espa_/uspa_ and
 walks.py's kind-generic spa_kernel / spa_schedule), the subnormal flush; and for the rank-collapse
 measures and standard attention at init of nanospa/signal/collapse.py (docs/method.md §3, §4,
 §6, §7.1, §7.3)."""

@@ -9,7 +9,7 @@ import pytest
 
 from nanospa.signal.beyond.policies import c_inverse
 from nanospa.config import GPTConfig
-from nanospa.signal import kernels, make_plan
+from nanospa.signal import cholesky, kernels, make_plan
 from nanospa.signal.beyond.norm_maps import DYT_ALPHA, dyt_map
 from nanospa.signal.collapse import softmax_attention_map
 from nanospa.signal.maps import MLPMap, attention_map, normalise
@@ -36,7 +36,7 @@ def test_attention_map_is_A_Sigma_A_transposed():
     rng = np.random.default_rng(0)
     T = 7
     q = rng.uniform(0.5, 2.0, T)
-    Sigma = kernels.espa_kernel(T, 0.3) * np.sqrt(np.outer(q, q))
+    Sigma = cholesky.espa_kernel(T, 0.3) * np.sqrt(np.outer(q, q))
     A = random_row_stochastic(rng, T)
     expected = np.zeros((T, T))
     for i in range(T):
@@ -64,7 +64,7 @@ def test_uniform_attention_map_in_closed_form():
     np.testing.assert_allclose(softmax_attention_map(np.eye(T), n_samples=0), expected,
                                rtol=1e-14, atol=0)
     # and on a correlated kernel: row i is the mean of Sigma's rows 0..i, then of its columns
-    Sigma = kernels.espa_kernel(T, 0.4)
+    Sigma = cholesky.espa_kernel(T, 0.4)
     cums = np.cumsum(np.cumsum(Sigma, axis=0), axis=1)          # cums[i, j] = sum_{k<=i, l<=j}
     np.testing.assert_allclose(softmax_attention_map(Sigma, n_samples=0),
                                cums / np.outer(i + 1.0, i + 1.0), rtol=1e-14, atol=0)
@@ -132,7 +132,7 @@ def test_mlp_map_of_relu_against_the_arc_cosine_kernel():
 
 def test_identity_mlp_map():
     mlp = MLPMap(dict(activation="linear", method=None))
-    S = kernels.espa_kernel(5, 0.2) * 3.0
+    S = cholesky.espa_kernel(5, 0.2) * 3.0
     out = mlp(S)
     assert mlp.is_identity and mlp.Q1() == 1.0 and out is not S
     np.testing.assert_array_equal(out, S)

@@ -10,7 +10,7 @@ import pytest
 
 from nanospa import GPT, GPTConfig
 from nanospa.measure import measured_kernels
-from nanospa.signal import kernels
+from nanospa.signal import cholesky, kernels
 from nanospa.beyond.ngpt import NGPTMaps
 from nanospa.predict import predict_kernels
 from nanospa.signal import make_plan
@@ -101,7 +101,7 @@ def test_carried_logits_add_as_independent_gaussians():
     kernel sqrt(2) K; the two Monte Carlo estimates agree within their sampling error. The
     default is the one kernel Sigma, bit for bit."""
     T = 6
-    S = kernels.espa_kernel(T, 0.3)
+    S = cholesky.espa_kernel(T, 0.3)
     np.testing.assert_array_equal(softmax_attention_map(S, 40, seed=2),
                                   softmax_attention_map(S, 40, seed=2, logit_kernels=[S]))
     two = softmax_attention_map(S, 4000, seed=0, logit_kernels=[S, S])

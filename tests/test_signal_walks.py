@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from nanospa import GPT, GPTConfig
-from nanospa.signal import kernels, dense_layer_bias, make_plan, realise, spa_matrix, spa_schedule
+from nanospa.signal import cholesky, kernels, dense_layer_bias, make_plan, realise, spa_matrix, spa_schedule
 from nanospa.signal.plan import activation_spec
 from nanospa.predict import predict_kernels
 from nanospa.signal import budget
@@ -36,7 +36,7 @@ def test_spa_walk_is_the_prediction_of_the_closed_form_plan():
     assert overrides == [None] * 6 and report == []
     np.testing.assert_allclose(K, predict_kernels(c, plan=plan).kernel(6), rtol=1e-14, atol=0)
     # from another input kernel
-    S0 = kernels.espa_kernel(24, 1.0)
+    S0 = cholesky.espa_kernel(24, 1.0)
     _, K0, _ = walk(c, plan.activation, plan.schedule, sigma_0=S0)
     np.testing.assert_allclose(K0, predict_kernels(c, sigma_0=S0, plan=plan).kernel(6), rtol=1e-14, atol=0)
 
@@ -130,7 +130,7 @@ def test_pair_walk_blocks_and_linear_case():
     lin = cfg(kernel_budget="independent", n_layer=5, activation="linear", block_size=10)
     Kl, Xl = pair_walk(lin, activation_spec(lin), make_plan(lin).schedule)
     np.testing.assert_array_equal(Xl, 0.0)
-    np.testing.assert_allclose(Kl, kernels.espa_kernel(10, make_plan(lin).schedule[-1]), atol=1e-13)
+    np.testing.assert_allclose(Kl, cholesky.espa_kernel(10, make_plan(lin).schedule[-1]), atol=1e-13)
     # default T: the solve's min(T, JOINT_SOLVE_T)
     big = cfg(kernel_budget="independent", n_layer=2, eta=0.3, block_size=JOINT_SOLVE_T + 8)
     assert pair_walk(big, make_plan(big).activation, make_plan(big).schedule)[0].shape == (JOINT_SOLVE_T,) * 2
@@ -157,7 +157,7 @@ def test_pair_walk_matches_two_sequences_in_a_wide_network():
 
 def test_network_stats_and_adjacent_mean():
     T = 6
-    K = 2.0 * kernels.espa_kernel(T, 0.5)
+    K = 2.0 * cholesky.espa_kernel(T, 0.5)
     # X a constant 0.5 of each q: c_f0 = 0.5; R = K - X = 2 E - 1 1^T, normalised: (2 e^{-g} - 1) / (2 - 1)
     X = np.ones((T, T))
     c_f0, rho = network_stats(K, X)

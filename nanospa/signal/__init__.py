@@ -36,9 +36,8 @@ norm family, DeepNorm's and nGPT's constants, the budget's other policies); noth
 imports it until a configuration names one. The walk through a whole model (the kernels it
 predicts at init) is nanospa/predict.py: it reads the model's variants, which live above.
 """
-from .kernels import (kernel_matrix, q_values, normalised_kernel, espa_kernel, uspa_kernel,
-                      espa_gammas, uspa_rhos)
-from .cholesky import (checked_cholesky, transfer_matrix, espa_attention_reference, sym_sqrt,
+from .kernels import kernel_matrix, q_values, normalised_kernel, espa_gammas, uspa_rhos
+from .cholesky import (espa_kernel, uspa_kernel, checked_cholesky, transfer_matrix, espa_attention_reference, sym_sqrt,
                        noncausal_attention, check_attention, log_attention_from, bias_and_rescale,
                        dense_layer_bias, realise)
 from .attn_bias import espa_bias, uspa_bias, bias_block, layer_bias, rescale

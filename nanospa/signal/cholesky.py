@@ -1,4 +1,5 @@
-"""SPA in general: checked Cholesky factors, the general transfer matrix and its B_l and D_l,
+"""SPA in general: the targets Sigma_l as dense matrices (espa_kernel, uspa_kernel: method §6,
+§7.1), checked Cholesky factors, the general transfer matrix and its B_l and D_l,
 the dense references the closed forms of attn_bias.py are checked against (the tests run
 this file, and the kernel budget's policies beyond the default; read second); and the dense
 B_l and A_l = diag(D_l) softmax(B_l) of a plan's block, which the predictions and the table
@@ -23,12 +24,35 @@ Notation (docs/method.md §1)
 import numpy as np
 
 from .attn_bias import NEG_RTOL, bias_block, layer_bias, rescale
-from .kernels import flush
+from .kernels import check_T, flush
 
 # Relative symmetry tolerance for input kernels: propagated kernels A S A^T are symmetric
 # only up to rounding (a few ulps of the largest entry), so allow 1e-10 of max |S|.
 SYM_RTOL = 1e-10
 
+
+# ---------------------------------------------------------------- SPA targets, dense (method §6, §7.1)
+
+def espa_kernel(T, gamma):
+    """E-SPA target (method §7.1): Sigma[i, j] = exp(-gamma |i - j|); gamma = inf gives I."""
+    T = check_T(T)
+    if not gamma > 0:
+        raise ValueError(f"gamma must be > 0 (or inf), got {gamma!r}")
+    if np.isinf(gamma):
+        return np.eye(T)
+    i = np.arange(T)
+    return np.exp(-gamma * np.abs(i[:, None] - i[None, :]).astype(np.float64))
+
+
+def uspa_kernel(T, rho):
+    """U-SPA target (method §6): Sigma = (1 - rho) I + rho 1 1^T, 0 <= rho < 1."""
+    T = check_T(T)
+    if not 0.0 <= rho < 1.0:
+        raise ValueError(f"rho must be in [0, 1), got {rho!r}")
+    return (1.0 - rho) * np.eye(T) + rho * np.ones((T, T))
+
+
+# ---------------------------------------------------------------- checked Cholesky (method §5)
 
 def _square(S, name):
     S = np.asarray(S, dtype=np.float64)

@@ -1,8 +1,9 @@
-"""Kernels, SPA target kernels and their depth schedules.
+"""Kernels, and the depth schedules of the SPA target kernels.
 
-Implements docs/method.md §3.1 (kernel, normalised kernel), §6 (U-SPA target and rho
-schedule) and §7.1/§7.3 (E-SPA target and gamma schedule). Everything is float64 NumPy on
-host arrays. The attention matrices that map one target kernel to the next live in
+Implements docs/method.md §3.1 (kernel, normalised kernel), §6 (U-SPA rho schedule) and
+§7.3 (E-SPA gamma schedule); the targets Sigma_l themselves (§6, §7.1, stated below) are
+built as dense matrices in cholesky.py, read second. Everything is float64 NumPy on host
+arrays. The attention matrices that map one target kernel to the next live in
 attn_bias.py (closed forms, log space, bias/rescale split; the general one, their reference,
 in cholesky.py); rank collapse under plain attention and its measures (§3.4, §4) in
 collapse.py, and the target and schedule of a kind given by name (walks.py spa_kernel,
@@ -75,26 +76,7 @@ def normalised_kernel(Sigma):
     return Sigma * s[..., :, None] * s[..., None, :]
 
 
-# ---------------------------------------------------------------- SPA targets and schedules
-
-def espa_kernel(T, gamma):
-    """E-SPA target (method §7.1): Sigma[i, j] = exp(-gamma |i - j|); gamma = inf gives I."""
-    T = check_T(T)
-    if not gamma > 0:
-        raise ValueError(f"gamma must be > 0 (or inf), got {gamma!r}")
-    if np.isinf(gamma):
-        return np.eye(T)
-    i = np.arange(T)
-    return np.exp(-gamma * np.abs(i[:, None] - i[None, :]).astype(np.float64))
-
-
-def uspa_kernel(T, rho):
-    """U-SPA target (method §6): Sigma = (1 - rho) I + rho 1 1^T, 0 <= rho < 1."""
-    T = check_T(T)
-    if not 0.0 <= rho < 1.0:
-        raise ValueError(f"rho must be in [0, 1), got {rho!r}")
-    return (1.0 - rho) * np.eye(T) + rho * np.ones((T, T))
-
+# ---------------------------------------------------------------- SPA schedules
 
 def espa_gammas(n_layer, gamma_final=DEFAULT_GAMMA_FINAL):
     """[gamma_0 = inf, gamma_1, ..., gamma_L] with a_l = a_L^(l/L) (method §7.3), i.e.

@@ -4,7 +4,7 @@ result that the joint policy's targets are measured on; WalkMaps, the maps of on
 that this walk and the policies beyond the default share; and A_l of the schedule as a dense
 matrix (spa_matrix: espa_attention, uspa_attention, from the closed forms of attn_bias.py),
 which both multiply kernels by, with the target Sigma_l and the schedule of either kind
-(spa_kernel, spa_schedule: kernels.py's espa_/uspa_ functions by name).
+(spa_kernel, spa_schedule: cholesky.py's espa_/uspa_kernel, kernels.py's schedules, by name).
 
 Not here: the policies and the solve for their targets (budget.py), the walk of one sequence
 that the policies beyond the default run (beyond/policies.py), the sublayer maps (maps.py),
@@ -17,7 +17,8 @@ two sequences with no token in common, F / C the MLP's kernel map and C-map.
 import numpy as np
 
 from .attn_bias import _uspa_block, bias_block, espa_bias, uspa_bias
-from .kernels import check_T, espa_gammas, espa_kernel, flush, normalised_kernel, uspa_kernel, uspa_rhos
+from .cholesky import espa_kernel, uspa_kernel
+from .kernels import check_T, espa_gammas, flush, normalised_kernel, uspa_rhos
 from .maps import MLPMap, attention_map, norm_kernel, residual_kernel, residual_weights
 
 COLLAPSED_RTOL = 1e-12            # an input-dependent q below this share of max q: collapsed
