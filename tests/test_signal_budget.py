@@ -11,8 +11,9 @@ import pytest
 
 from nanospa import GPT, GPTConfig
 from nanospa.signal import cholesky, kernels, dense_layer_bias, spa_schedule, walks
-from nanospa.signal.budget import BUDGETS, DEFAULT_BUDGET, ETA, INDEPENDENT_GAMMA_FINAL, JOINT_FINAL_CORR, ROOT_TOL, make_plan, max_eta
-from nanospa.signal.plan import Plan, activation_spec, split_activation
+from nanospa.signal.budget import (BUDGETS, DEFAULT_BUDGET, ETA, INDEPENDENT_GAMMA_FINAL, JOINT_FINAL_CORR, ROOT_TOL,
+                                   activation_spec, make_plan, max_eta)
+from nanospa.signal.plan import Plan, split_activation
 from nanospa.predict import attention_at_init, predict_kernels
 from nanospa.signal.walks import network_stats, pair_walk
 

@@ -7,7 +7,7 @@ import pytest
 
 from nanospa import GPT, GPTConfig
 from nanospa.signal import cholesky, kernels, dense_layer_bias, make_plan, realise, spa_matrix, spa_schedule
-from nanospa.signal.plan import activation_spec
+from nanospa.signal.budget import activation_spec
 from nanospa.predict import predict_kernels
 from nanospa.signal import budget
 from nanospa.signal.beyond import policies as walks

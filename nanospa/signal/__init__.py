@@ -48,6 +48,6 @@ from .inputs import POS_VARIANCE, sinusoidal_encoding, token_variance
 from .maps import MLPMap, attention_map, input_kernel
 from .collapse import (mean_offdiag, min_entry, effective_rank, kernel_stats, uniform_causal_attention,
                        value_skipinit_attention, softmax_attention_map)
-from .plan import Plan, activation_spec, split_activation
+from .plan import Plan, split_activation
 from .walks import espa_attention, uspa_attention, spa_matrix, spa_kernel, spa_schedule
-from .budget import make_plan, BUDGETS, DEFAULT_BUDGET
+from .budget import make_plan, activation_spec, BUDGETS, DEFAULT_BUDGET

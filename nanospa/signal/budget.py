@@ -38,7 +38,7 @@ import math
 from .depth_targets import DEFAULT_TARGETS, chain_c0
 from .kernels import DEFAULT_GAMMA_FINAL
 from .act_transform import activation_transform
-from .plan import Plan, activation_spec, shaping_depth, split_activation
+from .plan import Plan, split_activation
 from .walks import JOINT_SOLVE_T, SPA_KINDS, network_stats, pair_walk, spa_schedule
 
 BUDGETS = ("independent", "joint", "qpreserve", "mlp_aware", "joint_qpreserve")
@@ -53,6 +53,28 @@ RHO_LOGIT_BOUNDS = (-8.0, 8.0)    # and for logit(rho_L) (U-SPA)
 ETA_MAX_MARGIN = 1e-9             # eta is kept this fraction below the largest reachable C_f(0)
 ROOT_TOL = 1e-5                   # the joint solve's tolerance on rho and on c_f0
 ETA_SEARCH_MIN = 1e-3             # the smallest eta the joint solve tries
+
+
+def shaping_depth(cfg):
+    """Nonlinear layers on the longest path: one shaped activation per MLP block."""
+    return cfg.shaping_depth or cfg.n_layer
+
+
+def activation_spec(cfg, eta=None):
+    """The keyword arguments of activation_transform for the MLP activation (eta only for
+    TAT leaky ReLU): {activation, method} for a plain activation, plus depth, the target
+    (zeta, eta or tau) and, with a normalised residual, residual_beta for a shaped one.
+    Solving it here checks that the target is reachable (ValueError otherwise)."""
+    base, method = split_activation(cfg.activation)
+    if method is None:
+        return dict(activation=base, method=None)
+    spec = dict(activation=base, method=method, depth=shaping_depth(cfg))
+    spec.update({"dks": {"zeta": cfg.zeta},
+                 "tat": {"eta": eta} if base == "leaky_relu" else {"tau": cfg.tau}}[method])
+    if cfg.residual == "normalised":
+        spec["residual_beta"] = cfg.residual_beta
+    activation_transform(**spec)
+    return spec
 
 
 def _name(cfg):

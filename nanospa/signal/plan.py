@@ -4,13 +4,13 @@
     Plan             the SPA schedule (gamma_0 .. gamma_L for E-SPA, rho_0 .. rho_L for U-SPA)
                      and the MLP activation's targets (what activation_transform solves), with
                      notes where a target could not be met; print(plan) shows it all
-    activation_spec  the arguments of activation_transform for a configuration's activation
     split_activation 'tat_lrelu' -> ('leaky_relu', 'tat')
 
 model.GPT(cfg, plan) builds from any plan: B_l and D_l of block l come from
 attn_bias.layer_bias(plan, l), phi_hat from activation_transform(**plan.activation). The
 kernel budget (budget.make_plan, docs/kernel_budget.md) is how nanospa chooses the numbers
-by default; read it second. The configuration is read by duck typing (GPTConfig's fields).
+by default, a configuration's activation targets included (budget.activation_spec); read it
+second. The configuration is read by duck typing (GPTConfig's fields).
 """
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -101,25 +101,3 @@ def split_activation(name):
         base, method = shaped[name]
         return base, method
     return name, None
-
-
-def shaping_depth(cfg):
-    """Nonlinear layers on the longest path: one shaped activation per MLP block."""
-    return cfg.shaping_depth or cfg.n_layer
-
-
-def activation_spec(cfg, eta=None):
-    """The keyword arguments of activation_transform for the MLP activation (eta only for
-    TAT leaky ReLU): {activation, method} for a plain activation, plus depth, the target
-    (zeta, eta or tau) and, with a normalised residual, residual_beta for a shaped one.
-    Solving it here checks that the target is reachable (ValueError otherwise)."""
-    base, method = split_activation(cfg.activation)
-    if method is None:
-        return dict(activation=base, method=None)
-    spec = dict(activation=base, method=method, depth=shaping_depth(cfg))
-    spec.update({"dks": {"zeta": cfg.zeta},
-                 "tat": {"eta": eta} if base == "leaky_relu" else {"tau": cfg.tau}}[method])
-    if cfg.residual == "normalised":
-        spec["residual_beta"] = cfg.residual_beta
-    activation_transform(**spec)
-    return spec
