@@ -6,7 +6,7 @@ except the command line (__main__.py). Functions take the paper's quantities (T,
 gamma_l, rho_l, activation targets); a model configuration is read by duck typing, never
 imported. Reading order:
 
-kernels.py        kernels, SPA targets and schedules (§3.1, §6, §7)
+kernels.py        kernels and the SPA schedules (§3.1, §6, §7.3)
 attn_bias.py      E-SPA / U-SPA closed forms in log space, B_l and D_l, A = diag(D) softmax(B) (§6-§8)
 activations.py    the base activations, their derivatives, and phi_hat itself (PhiHat)
 qc_maps.py        quadrature and TAT's leaky-ReLU closed forms (docs/activations.md §2, §5, §8)
@@ -28,8 +28,9 @@ collapse.py       rank collapse at init: the measures of a kernel, standard atte
                   the mean field of softmax attention (§3.4, §4), which the predictions, the
                   table and the measurements read
 cholesky.py       SPA in general, the dense references the tests hold the closed forms to:
-                  checked Cholesky, the general transfer matrix and its B_l and D_l, E-SPA's
-                  A_l entry by entry, the non-causal variant (§5, §7.2, §8, §9)
+                  the targets Sigma_l, checked Cholesky, the general transfer matrix and its
+                  B_l and D_l, E-SPA's A_l entry by entry, the non-causal variant, a plan's
+                  B_l and A_l = diag(D_l) softmax(B_l) as matrices (§5-§9)
 
 table.py formats what `python -m nanospa.signal` prints. The maths of the schemes beyond the paper is in beyond/ (positions in the logits, the
 norm family, DeepNorm's and nGPT's constants, the budget's other policies); nothing here

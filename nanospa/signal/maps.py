@@ -14,10 +14,11 @@ model's build reads only residual_weights, whose values model.Residual states.
                            kernel budget's walk both call; the extensions' maps (signal/beyond)
                            are imported only when a configuration names one
 
-Not here: the embedding's variances and positions (inputs.py), the mean field of softmax attention with random
-queries and keys (collapse.py: only the predictions use it), the walk through a whole model (nanospa/predict.py,
-above the model, whose variants it reads), the attention matrices themselves (attn_bias.py)
-and the activation's parameters (act_transform.py). Everything is float64 NumPy. The model
+Not here: the embedding's variances and positions (inputs.py), the mean field of softmax
+attention with random queries and keys (collapse.py: only the predictions use it), the walk
+through a whole model (nanospa/predict.py, above the model, whose variants it reads), the
+attention matrices themselves (attn_bias.py) and the activation's parameters
+(act_transform.py). Everything is float64 NumPy. The model
 configuration is read by duck typing (its residual, residual_beta, norm, norm_position and
 uses_final_norm fields; n_layer for DeepNorm).
 """
