@@ -42,11 +42,12 @@ from nanospa import backend
 from nanospa.beyond.optimizers import OPTIMIZER_DEFAULTS, RATES, make_optimizer, rates_for
 from nanospa.config import GPTConfig
 from nanospa.measure import layer_stats, measured_kernels, show
-from nanospa.model import GPT, evaluation
+from nanospa.model import GPT, dense_attention, evaluation
 from nanospa.optim import clip_grad_norm, cosine_lr
 from nanospa.run import distributed, malloc, step, threads
 from nanospa.run.checks import check_settings
 from nanospa.run.fits import check_fits
+from nanospa.run.heads import share_heads
 from nanospa.run.session import Diverged, Session
 from nanospa.run.settings import encode_prompt, help_text, run_command, source_notes, wants_help
 from nanospa.predict import predicted_kernels     # averaged over the probe's own sequences
@@ -152,13 +153,16 @@ def train(argv):
         probe = eval_sets["val"][0][0][:PROBE_ROWS, :SIGNAL_POSITIONS]
 
         # -- model and init summary
-        blocks = getattr(evaluation(cfg), "by_blocks", False)   # its attention shares blocks among threads
-        threads.set_threads(threads.cpu_threads(s["threads"], B // world.size, blocks) if s["device"] == "cpu" else 1)
+        evaluate = evaluation(cfg)                     # dense attention shares its heads, by blocks its blocks
+        shares = evaluate is dense_attention or getattr(evaluate, "by_blocks", False)
+        threads.set_threads(threads.cpu_threads(s["threads"], B // world.size, shares) if s["device"] == "cpu" else 1)
         malloc.keep_freed_memory()                    # no page faults from each step's fresh arrays
         model = GPT(cfg, seed=s["seed"])              # ValueError: e.g. an unreachable activation target
         # A checkpoint's arrays are C-ordered; some fresh weights are not (orthogonal init). Loading
         # either way gives both runs the same memory layout, so BLAS repeats the same roundings.
         model.load_state_dict(world.bcast(model.state_dict()))   # rank 0's weights on every rank
+        if threads.threads() > B // world.size:       # more threads than sequences: attention's heads on them
+            share_heads(model)                        # (run/heads.py; the same numbers as one thread)
         print(f"model: {model.num_params():,} parameters; L={cfg.n_layer} H={cfg.n_head} C={cfg.n_embd} T={T}; "
               f"attention={cfg.attention} activation={cfg.activation} residual={cfg.residual} "
               f"norm={cfg.norm} pos={cfg.pos} {cfg.dtype} on {s['device']}"

@@ -20,6 +20,7 @@ import pytest
 
 import train
 from nanospa import backend
+from nanospa.run import heads
 from nanospa.run import threads as cpu
 from nanospa.run import checkpoint
 from nanospa.run.checkpoint import load_checkpoint
@@ -258,20 +259,41 @@ def test_threads_train_slices_of_the_batch_with_the_same_result(tmp_path, text_f
     assert cpu.threads() == 1                                       # restored for the caller
 
 
-def test_one_long_sequence_keeps_its_threads_for_blockwise_attention(tmp_path, text_file, capsys):
-    """A batch of one is one slice; with blockwise attention the other threads share its blocks."""
+def test_one_long_sequence_keeps_its_threads(tmp_path, text_file, capsys):
+    """A batch of one is one slice; the other threads share its attention: blockwise
+    attention's blocks, dense attention's heads (run/heads.py)."""
     common = ["--max_iters=1", "--eval_interval=1", "--batch_size=1", "--block_size=96", "--threads=2",
               "--attention_block=32", "--sample_tokens=0"]
     assert run(tmp_path, text_file, *common, "--attention_impl=blockwise", out="blocks") == 0
     assert "(2 threads)" in capsys.readouterr().out
     assert run(tmp_path, text_file, *common, "--attention_impl=dense", out="dense") == 0
+    assert "(2 threads)" in capsys.readouterr().out
+
+
+def test_one_sequence_on_two_threads_is_the_run_of_one_bit_for_bit(tmp_path, text_file, capsys, monkeypatch):
+    """Batch 1, float32: --threads=2 splits attention's heads between the threads, and every
+    logged number (losses, learning rates, the signal statistics) is the one-thread run's
+    exactly."""
+    monkeypatch.setattr(heads, "MIN_GROUP_LOGITS", 0)    # a tiny model: split it anyway
+    calls = []
+    apply = heads.HeadGroups.apply
+    monkeypatch.setattr(heads.HeadGroups, "apply", lambda *a, **k: calls.append(1) or apply(*a, **k))
+    common = ["--max_iters=4", "--log_interval=1", "--eval_interval=4", "--batch_size=1", "--sample_tokens=0"]
+    assert run(tmp_path, text_file, *common, "--threads=1", out="one") == 0
     assert "(1 threads)" in capsys.readouterr().out
+    assert run(tmp_path, text_file, *common, "--threads=2", out="two") == 0
+    assert "(2 threads)" in capsys.readouterr().out
+    timing = {"tokens_per_s", "time", "seconds", "elapsed"}
+    one, two = ([{k: v for k, v in r.items() if k not in timing} for r in read_log(tmp_path / d)]
+                for d in ("one", "two"))
+    assert len(one) == 5 and "val_loss" in one[-1] and one == two
+    assert calls                                                    # the heads were split
 
 
 def test_threads_zero_is_one_per_core_capped():
     assert cpu.cpu_threads(3, batch_size=16) == 3
     assert cpu.cpu_threads(8, batch_size=2) == 2
-    assert cpu.cpu_threads(3, batch_size=1, shares_blocks=True) == 3   # blockwise attention shares its blocks
+    assert cpu.cpu_threads(3, batch_size=1, shares_blocks=True) == 3   # attention shares its blocks or heads
     assert 1 <= cpu.cpu_threads(0, batch_size=16) <= 4
 
 

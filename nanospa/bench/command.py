@@ -74,6 +74,7 @@ import numpy as np
 
 from .. import backend
 from ..run.malloc import keep_freed_memory
+from ..run.heads import share_heads
 from ..run.threads import set_threads, threads
 from .measure import (CONFIGS, ROWS, GemmProbe, KfacStep, NanospaStep, TorchStep, Yardstick, kfac_flops,
                       make_batch, make_config, model_flops, paired_ratios, time_fresh, time_steps)
@@ -229,6 +230,7 @@ def run_config(name, s, argv, torch):
         gc.collect()
         reset_gpu(torch)
     model = GPT(cfg, seed=0)
+    shared = share_heads(model) if s["device"] == "cpu" and threads() > batch else 0   # as train.py does
     idx, targets = make_batch(cfg, batch)
     runners = [NanospaStep(model, idx, targets)]
     yard = None
@@ -250,7 +252,7 @@ def run_config(name, s, argv, torch):
     cpu = s["device"] == "cpu"
     result = dict(config=name, gpt_config=cfg.to_dict(), batch_size=batch, tokens_per_step=tokens,
                   device=s["device"], threads=s["threads"] if cpu else None,
-                  cpu_threading=s["cpu_threading"] if cpu else None,
+                  cpu_threading=s["cpu_threading"] if cpu else None, heads_shared=shared,
                   dtype=cfg.dtype, steps=s["steps"], warmup=s["warmup"],
                   model_flops=flops, gemm_n=s["gemm_n"], gemm_peak_flops=peak, frameworks={})
     for r in runners:
@@ -336,6 +338,8 @@ def memory_probe(s, reexec_argv):
         del model
         step = KfacStep(cfg, idx, targets, {k: s[k] for k in KFAC_KEYS})
     else:
+        if threads() > batch:                     # as run_config and train.py
+            share_heads(model)
         step = NanospaStep(model, idx, targets)
     for _ in range(s["memory_steps"]):
         step()

@@ -8,6 +8,7 @@ benchmark and the experiments call these; the core (nanospa/*.py, nanospa/signal
     corpus.py       where the text of a dataset comes from, and its caches
     tokenizer.py    the byte-level BPE (the bpe extra)
     threads.py      explicit CPU parallelism: worker threads on slices of a batch
+    heads.py        dense attention's heads on those threads when a batch has fewer sequences
     malloc.py       freed memory kept in the process: no page faults from each step's arrays
     distributed.py  data parallelism over MPI processes and NCCL GPUs (the mpi extra)
 """

@@ -4,11 +4,11 @@ NumPy releases Python's GIL inside its loops and inside BLAS, so k threads that 
 the forward and backward of a slice of the batch keep k cores busy. Nothing in the core
 (nanospa/*.py) uses threads: a model call means the same whatever the batch size or the
 machine. Parallelism is asked for by name, by train.py's --threads, the benchmark's
---threads and the ops that split their own work (beyond/blockwise.py, beyond/kfac.py),
+--threads and the ops that split their own work (beyond/blockwise.py, beyond/kfac.py, run/heads.py),
 whose results do not depend on it beyond the order of a sum.
 
     set_threads(n), threads()        the worker count (1 until set)
-    cpu_threads(requested, batch, blocks)  what --threads means for this run
+    cpu_threads(requested, batch, shares)  what --threads means for this run
     parallel_map(fn, items)          [fn(x) for x in items] on the workers, in order
     slice_bounds(n, k)               where k slices of n batch entries start and end
     balanced_groups(costs, k)        k groups of near-equal cost, the same for the same input
@@ -73,9 +73,10 @@ def set_threads(n):
 def cpu_threads(requested, batch_size, shares_blocks=False):
     """A --threads setting: 0 means one per core this process may use, at most MAX_AUTO_THREADS
     (the Python work between NumPy calls holds the GIL, so many threads on small slices stop
-    paying); never more threads than sequences in a batch, unless the model's attention is
-    blockwise (shares_blocks), which shares its blocks among the threads outside the slices:
-    then one long sequence still uses every thread in its attention."""
+    paying); never more threads than sequences in a batch, unless the model's attention shares
+    its work outside the slices (shares_blocks): attention by blocks shares its blocks, dense
+    attention its heads (run/heads.py): then one long sequence still uses every thread in its
+    attention."""
     if requested == 0:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         requested = min(cores, MAX_AUTO_THREADS)
