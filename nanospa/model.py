@@ -318,13 +318,13 @@ NORMS = {"none": None, "layernorm": Norm, "rmsnorm": Norm}
 
 class Residual:
     """How a sublayer's output h joins its input x: x' = a x + b h (method §2.2), (a, b) from
-    signal.maps.residual_weights: none (0, 1), standard (1, 1), normalised (sqrt(1 - beta^2),
+    signal.plan.residual_weights: none (0, 1), standard (1, 1), normalised (sqrt(1 - beta^2),
     beta). at_init: the kernel a^2 Sigma_x + b^2 Sigma_h; branch_gain2 the kernel gain of a
     branch's weights (1; DeepNorm's beta^2 in beyond/)."""
     kv_cache = True     # token by token
 
     def __init__(self, cfg):
-        self.a, self.b, self.branch_gain2 = signal.maps.residual_weights(cfg)
+        self.a, self.b, self.branch_gain2 = signal.plan.residual_weights(cfg)
 
     def __call__(self, x, h):
         if self.a == 0.0:

@@ -308,7 +308,7 @@ def export_nanospa(model):
     import numpy as np
 
     from .. import backend
-    from ..signal.maps import residual_weights
+    from ..signal.plan import residual_weights
     from ..fused import LAYER_NORM_EPS, RMS_NORM_EPS
     if hasattr(model, "blocks"):                                 # a GPT: a blockwise one keeps no dense B_l
         from .view import DenseView

@@ -1,18 +1,18 @@
 """Wide-limit kernel maps of the model at initialisation (docs/method.md §2.2, §3.2, §10, §11):
 the input kernel Sigma_0 of a token sequence, and what one attention sublayer, one MLP, one
 norm and one residual branch do to a (T, T) kernel Sigma when n_embd -> inf with the model's
-own initialisation. Read second: the predictions and the kernel budget's walk run these; the
-model's build reads only residual_weights, whose values model.Residual states.
+own initialisation. Read second: the predictions and the kernel budget's walk run these (the
+variants' at_init in model.py call them for the predictions); the model's build runs none.
 
     input_kernel           Sigma_0 of the embedding output (a whole batch's, for BatchNorm's
                            maps: beyond/norm_maps.py)
     attention_map          Sigma -> A Sigma A^T (heads sharing A, W^V W^O orthogonal; or per head)
     MLPMap                 Sigma'_ij = E[phi_hat(u_i) phi_hat(u_j)], u ~ N(0, Sigma)
     normalise              LayerNorm / RMSNorm (Sigma -> C)
-    norm_kernel, residual_weights   a configuration's norm map and residual weights (a, b):
-                           the one dispatch, which the model's variants (model.py) and the
-                           kernel budget's walk both call; the extensions' maps (signal/beyond)
-                           are imported only when a configuration names one
+    norm_kernel            a configuration's norm map: the one dispatch, which the model's
+                           variants (model.py, at_init) and the kernel budget's walk both call;
+                           the extensions' maps (signal/beyond) are imported only when a
+                           configuration names one (the residual weights (a, b): plan.py)
 
 Not here: the embedding's variances and positions (inputs.py), the mean field of softmax
 attention with random queries and keys (collapse.py: only the predictions use it), the walk
@@ -87,18 +87,6 @@ def norm_kernel(cfg, Sigma, batch=None):
     if cfg.norm in ("layernorm", "rmsnorm"):
         return normalise(Sigma)
     return importlib.import_module("nanospa.signal.beyond.norm_maps").norm_kernel(cfg, Sigma, batch)
-
-
-def residual_weights(cfg):
-    """(a, b, g2) of a block's x -> a x + b f(x) (method §2.2) and the kernel gain g2 of a
-    branch's weights: none (0, 1), standard (1, 1), normalised (sqrt(1 - beta^2), beta), g2 = 1;
-    an extension's from signal/beyond/residuals.py (DeepNorm: (alpha, 1), g2 = beta^2)."""
-    beta = cfg.residual_beta
-    paper = {"none": (0.0, 1.0, 1.0), "standard": (1.0, 1.0, 1.0),
-             "normalised": (math.sqrt(1.0 - beta ** 2), float(beta), 1.0)}
-    if cfg.residual in paper:
-        return paper[cfg.residual]
-    return importlib.import_module("nanospa.signal.beyond.residuals").residual_weights(cfg)
 
 
 def residual_kernel(a, b, Sigma_x, Sigma_h):

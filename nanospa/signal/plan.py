@@ -5,6 +5,7 @@
                      and the MLP activation's targets (what activation_transform solves), with
                      notes where a target could not be met; print(plan) shows it all
     split_activation 'tat_lrelu' -> ('leaky_relu', 'tat')
+    residual_weights (a, b, g2) of a block's x -> a x + b f(x): the paper's normalised residual
 
 model.GPT(cfg, plan) builds from any plan: B_l and D_l of block l come from
 attn_bias.layer_bias(plan, l), phi_hat from activation_transform(**plan.activation). The
@@ -12,6 +13,8 @@ kernel budget (budget.make_plan, docs/kernel_budget.md) is how nanospa chooses t
 by default, a configuration's activation targets included (budget.activation_spec); read it
 second. The configuration is read by duck typing (GPTConfig's fields).
 """
+import importlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -101,3 +104,15 @@ def split_activation(name):
         base, method = shaped[name]
         return base, method
     return name, None
+
+
+def residual_weights(cfg):
+    """(a, b, g2) of a block's x -> a x + b f(x) (method §2.2) and the kernel gain g2 of a
+    branch's weights: none (0, 1), standard (1, 1), normalised (sqrt(1 - beta^2), beta), g2 = 1;
+    an extension's from signal/beyond/residuals.py (DeepNorm: (alpha, 1), g2 = beta^2)."""
+    beta = cfg.residual_beta
+    paper = {"none": (0.0, 1.0, 1.0), "standard": (1.0, 1.0, 1.0),
+             "normalised": (math.sqrt(1.0 - beta ** 2), float(beta), 1.0)}
+    if cfg.residual in paper:
+        return paper[cfg.residual]
+    return importlib.import_module("nanospa.signal.beyond.residuals").residual_weights(cfg)

@@ -19,7 +19,8 @@ import numpy as np
 from .attn_bias import _uspa_block, bias_block, espa_bias, uspa_bias
 from .cholesky import espa_kernel, uspa_kernel
 from .kernels import check_T, espa_gammas, flush, normalised_kernel, uspa_rhos
-from .maps import MLPMap, attention_map, norm_kernel, residual_kernel, residual_weights
+from .maps import MLPMap, attention_map, norm_kernel, residual_kernel
+from .plan import residual_weights
 
 COLLAPSED_RTOL = 1e-12            # an input-dependent q below this share of max q: collapsed
 JOINT_SOLVE_T = 64                # the joint solve runs at min(T, this); beyond it the per-position
@@ -83,7 +84,7 @@ class WalkMaps:
     sublayer(Sigma, f) -> (branch kernel, combined kernel), f(N(Sigma)) joined by the
     residual (pre) or N(residual) (post); scale_attention and mlp give a branch's gain (DeepNorm).
     The predictions' maps of a block (nanospa/predict.py BlockMaps) read the model's variants
-    instead, which signal/ may not import; both call maps.norm_kernel and maps.residual_weights. batch: None for kernels of one sequence, or B
+    instead, which signal/ may not import; both call maps.norm_kernel and plan.residual_weights. batch: None for kernels of one sequence, or B
     for kernels of a whole batch (BatchNorm's training-mode statistics)."""
 
     def __init__(self, cfg, activation, batch=None):

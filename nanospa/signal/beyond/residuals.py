@@ -49,7 +49,7 @@ def ngpt_value(name):
 
 
 def residual_weights(cfg):
-    """maps.residual_weights for DeepNorm: (alpha, 1, beta^2), x_{l+1} = N(alpha x_l + f_beta(x_l))
+    """plan.residual_weights for DeepNorm: (alpha, 1, beta^2), x_{l+1} = N(alpha x_l + f_beta(x_l))
     with f's weights W^V, W^O, W_1, W_2 scaled by beta (ValueError naming any other residual:
     nGPT's update has its own maps, beyond/ngpt_maps.py)."""
     if cfg.residual == "deepnorm":
