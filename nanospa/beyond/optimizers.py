@@ -18,6 +18,7 @@ MuPAdamW, below), the training step (run/step.py).
 """
 import math
 
+from .. import optim
 from ..optim import AdamW, adamw_step
 
 OPTIMIZERS = ("adamw", "kfac", "muon")
@@ -96,7 +97,7 @@ def make_optimizer(s, model, seed=0, rank=0, allreduce=None):
         options = dict(lr=s["learning_rate"], betas=betas, weight_decay=s["weight_decay"])
         scales = mup_lr_scales(model, s.get("mup_base_width", 0))
         if scales is None:
-            return AdamW(model.parameters(), **options)
+            return optim.AdamW(model.parameters(), **options)   # looked up when called (a patched-in subclass applies)
         return MuPAdamW(model.parameters(), scales, **options)
     from .kfac import KFAC              # the optimisers beyond AdamW: imported when named
     from .muon import Muon
