@@ -2,9 +2,9 @@
 on a hand-written NumPy/CuPy autograd.
 
 Reading order (README.md's reading guide, first pass): backend -> tensor -> functions ->
-shape_ops -> fused -> nn -> optim -> signal/ (its own order) -> config -> model -> train.py.
-Second pass: signal/budget.py and walks.py (the kernel budget), predict.py and measure.py,
-gradcheck.py, sampling.py (generate and its KV cache).
+shape_ops -> fused -> nn -> optim -> signal/ (its own order) -> config -> model -> data.py -> train.py.
+Second pass: README's "read second" table (the kernel budget, the model at init predicted and
+measured with the maps they walk, the dense references, gradient checks, sampling, more_ops).
 """
 from . import backend
 from .tensor import Tensor, Function, no_grad

@@ -239,6 +239,8 @@ class SPA(Attention):
         super().__init__(cfg, plan, layer, rng, evaluate)
         T, dt = cfg.block_size, cfg.dtype
         self.B, self.parts = None, None
+        # A stored B_l is tril(B): 0, not -inf, above the diagonal (the causal mask adds the -inf),
+        # so that the buffer, or the trained parameter, holds finite numbers.
         if cfg.train_bias:                                          # never decayed (method §8)
             self.B = Parameter(np.tril(signal.bias_block(parts, 0, T, 0, T)), no_decay=True, dtype=dt)
         elif getattr(evaluate, "by_blocks", False):

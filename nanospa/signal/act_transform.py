@@ -129,7 +129,7 @@ def _local(name, a, b, o):
     """Per-layer quantities of phi_hat = s (phi(a x + b) + o), s set so that Q(1) = 1:
     output_scale, C(0), Q'(1), C'(1), C''(1) by the Price identities (§2), and
     mean = E[phi(a z + b)] + o."""
-    h = PhiHat(name, a, b, 1.0, o)                                       # phi_hat / s
+    h = PhiHat(name, a=a, b=b, s=1.0, o=o)                               # phi_hat / s
     Z, W = gauss_rule(h.kink)
     y, y1, y2 = h(Z), h.d1(Z), h.d2(Z)
     s2 = 1.0 / (W @ (y * y))

@@ -188,8 +188,8 @@ PARAM_KEYS = ("input_scale", "input_shift", "output_shift", "output_scale", "neg
 class PhiHat:
     """phi_hat(x) = s (phi(a x + b) + o), the one definition that the engine (functions.Shaped:
     pre, post, grad) and the float64 maths (qc_maps' quadrature, act_transform's solvers, whose
-    result carries it as .phi_hat) evaluate. base: an ACTIVATIONS name; a, b, o, s: dks's
-    input_scale, input_shift, output_shift, output_scale (PhiHat.of reads those names);
+    result carries it as .phi_hat) evaluate. base: an ACTIVATIONS name; a, b, s, o (the fields'
+    order): dks's input_scale, input_shift, output_scale, output_shift (PhiHat.of reads those names);
     negative_slope: required for leaky_relu, refused elsewhere. Numbers are Python floats
     (float32 stays float32); a step whose parameter is the identity is skipped."""
     base: str
