@@ -324,3 +324,20 @@ def test_the_eta_target_is_one_constant_that_the_model_follows(monkeypatch):
         assert np.abs(out(kw) - before).max() > 1e-6
         monkeypatch.undo()
         budget._JOINT_CACHE.clear()
+
+
+def test_readme_states_the_default_plan_it_prints():
+    """README's reading guide gives the default model's plan (its numbers come from the second
+    pass); they are the plan GPT(GPTConfig()) builds, to the digits written."""
+    m = re.search(r"gamma_1 \.\. gamma_(\d+) = ([\d.]+) \.\. ([\d.]+) and a TAT leaky ReLU at eta = ([\d.]+) "
+                  r"\(slope ([\d.]+),\s+output scale ([\d.]+)\)", README)
+    assert m, "README's sentence on the default plan is gone or reworded: update this test with it"
+    cfg = GPTConfig()
+    plan = budget.make_plan(cfg)
+    act = signal.activation_transform(**plan.activation)
+    written = [float(x) for x in m.groups()[1:]]
+    actual = [plan.schedule[1], plan.schedule[-1], plan.activation["eta"],
+              act["negative_slope"], act["output_scale"]]
+    assert int(m.group(1)) == cfg.n_layer
+    for w, a in zip(written, actual):
+        assert abs(w - a) <= 0.5 * 10 ** -(len(str(w).split(".")[1])), (w, a)
