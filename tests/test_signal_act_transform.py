@@ -18,7 +18,7 @@ from nanospa.signal.act_transform import activation_transform, shaped_activation
 from nanospa.signal.depth_targets import chain_c0
 from nanospa.signal.activations import ACTIVATIONS, gelu
 from nanospa.signal.local_maps import c_map
-from nanospa.signal.qc_maps import lrelu_beta
+from nanospa.signal.gaussian_means import lrelu_beta
 
 SMOOTH = ["gelu", "gelu_exact", "tanh", "sigmoid", "softplus", "swish"]
 ALL = SMOOTH + ["elu", "leaky_relu"]

@@ -5,7 +5,7 @@ import pytest
 
 from nanospa.signal.depth_targets import (DEFAULT_TARGETS, chain_c0, check_depth, check_residual_beta,
                                           per_layer_targets, subnet_max)
-from nanospa.signal.qc_maps import lrelu_beta, lrelu_cmap_beta
+from nanospa.signal.gaussian_means import lrelu_beta, lrelu_cmap_beta
 
 
 def test_chain_c0_of_one_layer_is_beta():

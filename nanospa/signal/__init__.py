@@ -9,7 +9,7 @@ imported. Reading order:
 kernels.py        kernels and the SPA schedules (§3.1, §6, §7.3)
 attn_bias.py      E-SPA / U-SPA closed forms in log space, B_l and D_l, A = diag(D) softmax(B) (§6-§8)
 activations.py    the base activations, their derivatives, and phi_hat itself (PhiHat)
-qc_maps.py        quadrature and TAT's leaky-ReLU closed forms (docs/activations.md §2, §5, §8)
+gaussian_means.py quadrature and TAT's leaky-ReLU closed forms (docs/activations.md §2, §5, §8)
 depth_targets.py  per-layer targets from network-level ones (docs/activations.md §6)
 act_transform.py  the DKS and TAT solvers (docs/activations.md §3-§5, §7)
 inputs.py         the embedding's variances and positional encodings (§11)

@@ -33,7 +33,7 @@ Solutions are cached. The result, ActivationTransform, holds the parameters and 
 
 Not here: phi_hat itself (activations.PhiHat, which the engine runs on the device), the base
 activations and their derivatives (activations.py), quadrature and the leaky-ReLU closed forms
-(qc_maps.py), the Q/C maps (local_maps.py), the per-layer targets a depth asks for (depth_targets.py).
+(gaussian_means.py), the Q/C maps (local_maps.py), the per-layer targets a depth asks for (depth_targets.py).
 """
 import functools
 import importlib
@@ -47,7 +47,7 @@ import numpy as np
 
 from .activations import PARAM_KEYS, PhiHat, base_name
 from .depth_targets import DEFAULT_TARGETS, chain_c0, check_depth, check_residual_beta, per_layer_targets
-from .qc_maps import alpha_of_beta, gauss_rule
+from .gaussian_means import alpha_of_beta, gauss_rule
 
 # Newton (§12): a root is accepted when every |residual| < _NEWTON_TOL.
 _NEWTON_FD_STEP = 1e-6       # central-difference step of the Jacobian

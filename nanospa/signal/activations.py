@@ -10,7 +10,7 @@ xp=None): xp is the array module (numpy or cupy), None meaning "the module x cam
 xp functions and Python-float constants appear, so float32 inputs stay float32 (NumPy 2
 promotion) and the same body runs on the device.
 
-Not here: Gaussian means of phi_hat (qc_maps.py) and the Q/C maps (local_maps.py), the DKS/TAT solvers
+Not here: Gaussian means of phi_hat (gaussian_means.py) and the Q/C maps (local_maps.py), the DKS/TAT solvers
 (act_transform.py).
 """
 import importlib
@@ -187,7 +187,7 @@ PARAM_KEYS = ("input_scale", "input_shift", "output_shift", "output_scale", "neg
 @dataclass(frozen=True)
 class PhiHat:
     """phi_hat(x) = s (phi(a x + b) + o), the one definition that the engine (functions.Shaped:
-    pre, post, grad) and the float64 maths (qc_maps' quadrature, act_transform's solvers, whose
+    pre, post, grad) and the float64 maths (gaussian_means' quadrature, act_transform's solvers, whose
     result carries it as .phi_hat) evaluate. base: an ACTIVATIONS name; a, b, s, o (the fields'
     order): dks's input_scale, input_shift, output_scale, output_shift (PhiHat.of reads those names);
     negative_slope: required for leaky_relu, refused elsewhere. Numbers are Python floats

@@ -3,14 +3,14 @@ activation must do so that a chain of L of them, or a normalised residual stack 
 blocks, meets DKS's zeta, TAT's tau, or TAT leaky ReLU's eta, maximised over subnetworks.
 
 Not here: solving an activation's parameters for a per-layer target (act_transform.py),
-the C-maps themselves (qc_maps.py, local_maps.py).
+the C-maps themselves (gaussian_means.py, local_maps.py).
 
 Notation (docs/activations.md §1-§2, §6): L depth, beta C(0) of one TAT leaky-ReLU layer,
 alpha_r, beta_r the weights of a normalised residual x -> alpha_r x + beta_r f(x).
 """
 import numpy as np
 
-from .qc_maps import lrelu_cmap_beta
+from .gaussian_means import lrelu_cmap_beta
 
 DEFAULT_TARGETS = {"zeta": 1.5, "eta": 0.9, "tau": 0.3}   # dks's defaults for zeta, eta, tau
 

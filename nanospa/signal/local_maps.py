@@ -3,7 +3,7 @@ Q-map and C-map, the bivariate Gaussian mean of one entry, and LocalMaps, the ma
 (T, T) kernel vectorised, which maps.MLPMap wraps for the predictions and the kernel budget's
 walk (the plan and the model do not run them; read second).
 
-Notation as in qc_maps.py, and
+Notation as in gaussian_means.py, and
 
     Q(q)         Q-map E[phi_hat(sqrt(q) z)^2]
     h_n(q)       Hermite coefficient E[phi_hat(sqrt(q) z) He_n(z)] / sqrt(n!)
@@ -12,7 +12,7 @@ For leaky ReLU with b = 0, a > 0 the exact closed forms, else quadrature. phi ma
 an ActivationTransform (read through .phi_hat), a base activation's name, or a user's float64
 callable (DyT's tanh(alpha x), the tests' references).
 
-Not here: the quadrature rules and TAT's leaky-ReLU C-map the solvers use (qc_maps.py).
+Not here: the quadrature rules and TAT's leaky-ReLU C-map the solvers use (gaussian_means.py).
 """
 import math
 from dataclasses import dataclass
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .activations import PhiHat, base_name
-from .qc_maps import (_GH_NODES, _GL_NODES, _GL_RANGE, _gh, _gl, _pdf, _split_rule, gauss_rule, lrelu_beta,
+from .gaussian_means import (_GH_NODES, _GL_NODES, _GL_RANGE, _gh, _gl, _pdf, _split_rule, gauss_rule, lrelu_beta,
                       lrelu_cmap_beta)
 
 # ------------------------------------------------------------------- bivariate means

@@ -17,7 +17,7 @@ import numpy as np
 from ..act_transform import _first_root, _local, _make, _solve
 from ..activations import BaseActivation, _d1_sigmoid, _one, array_module, sigmoid
 from ..depth_targets import per_layer_targets, subnet_max
-from ..qc_maps import alpha_of_beta
+from ..gaussian_means import alpha_of_beta
 
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)           # Phi(x) = (1 + erf(x / sqrt 2)) / 2
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)   # normal pdf at 0

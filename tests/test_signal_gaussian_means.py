@@ -1,4 +1,4 @@
-"""Q/C maps and quadrature (nanospa/signal/qc_maps.py, local_maps.py; docs/activations.md §2, §5, §8):
+"""Q/C maps and quadrature (nanospa/signal/gaussian_means.py, local_maps.py; docs/activations.md §2, §5, §8):
 leaky-ReLU closed forms against split quadrature, C-maps against finer rules and Monte
 Carlo, the vectorised kernel map against a 2-D rule written here, bad input.
 
@@ -14,7 +14,7 @@ from numpy.polynomial.legendre import leggauss
 from nanospa.signal.act_transform import activation_transform
 from nanospa.signal.activations import ACTIVATIONS
 from nanospa.signal.local_maps import LocalMaps, bivariate, c_map, lrelu_cmap, q_map
-from nanospa.signal.qc_maps import alpha_of_beta, lrelu_beta
+from nanospa.signal.gaussian_means import alpha_of_beta, lrelu_beta
 
 SMOOTH = ["gelu", "gelu_exact", "tanh", "sigmoid", "softplus", "swish"]
 C_POINTS = np.array([0.0, 0.25, 0.5, 0.75, 0.9, 0.99])
