@@ -16,9 +16,9 @@ Attention (per head h; scale 1/sqrt(hs); B_l, D_l from the plan through nanospa.
     value_skipinit   A_h = alpha I + beta P_h        (alpha = 1, beta = 0 trainable)
     uspa / espa      A_h = diag(D_l) softmax(scale Q_h K_h^T + B_l + causal mask)
 
-With dropout p (training mode only; method §2.5) the embedding, each P and each sublayer's
-output pass through nn.Dropout, nanoGPT's places; their masks' generator is beyond/dropout.py's
-(dropout_masks, attached by name, moved on by after_step).
+Dropout (an extension; method §2.5) has its sites at nanoGPT's places, the embedding, each P
+and each sublayer's output: `identity` in a model without it; with p > 0, beyond/dropout.py's
+attach puts a DropoutSite at each (its masks moved on by after_step).
 
 Sampling (generate, and its KV cache: forward's `cache`, and kv_cache = True on each
 variant that is exact with it) is nanospa/sampling.py's, read second.
@@ -57,11 +57,16 @@ import numpy as np
 
 from . import backend, fused, signal
 from .functions import Shaped
-from .nn import Dropout, Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, orthogonal
+from .nn import Embedding, LayerNorm, Linear, Module, Parameter, RMSNorm, orthogonal
 from .tensor import Tensor, no_grad
 
 DENSE_MAX_T = 256       # attention_impl "auto": the whole (T, T) matrix up to this block_size; beyond,
                         # attention by blocks (nanospa/beyond/blockwise.py)
+
+
+def identity(x):
+    """A dropout site of a model without dropout (beyond/dropout.attach fills them otherwise)."""
+    return x
 
 
 def weight(matrix, dtype):
@@ -90,7 +95,7 @@ def dense_attention(q, k, v, scale, bias, carry=None, drop=None):
     """softmax(scale Q K^T + bias + causal mask) V with the whole (B, H, T, T) matrix P ->
     (y, P). bias: (stored, blocks), a stored (T_max, T_max) B (an array, or a Parameter) and a
     function (i0, i1, j0, j1, dtype) -> a block of fixed logits made on demand; either None.
-    drop: the attention's nn.Dropout on P (identity outside training), or None. With fewer
+    drop: the attention's dropout site on P (identity without dropout), or None. With fewer
     queries than keys (generation's cache: n new rows, (B, H, n, hs), against the T keys and
     values kept) the queries are the last n positions, and P is their (B, H, n, T) rows."""
     T = k.shape[-2]
@@ -151,8 +156,7 @@ class Attention(Module):
         if cfg.attention != "softmax" or cfg.zero_query:
             self.q.weight.data = weight(np.zeros((C, C)), dt)        # W^Q = 0: A_l set by B_l, D_l
         self.evaluate, self.hooks = evaluate, []
-        self.attn_drop = Dropout(cfg.dropout, (H, cfg.block_size, cfg.block_size))   # on P (nanoGPT's)
-        self.resid_drop = Dropout(cfg.dropout, (cfg.block_size, C))                  # on the output
+        self.attn_drop = self.resid_drop = identity      # dropout's sites: on P and on the output
 
     def attach(self, hooks):
         """Extensions on the queries, keys and logits (beyond/), each adding its parameters."""
@@ -290,7 +294,7 @@ class MLP(Module):
         self.fc = Linear(C, M, bias=cfg.bias, rng=rng, dtype=dt)
         self.proj = Linear(M, C, bias=cfg.bias, rng=rng, dtype=dt)
         self.act = act                                              # phi_hat(x) = s (phi(a x + b) + o)
-        self.drop = Dropout(cfg.dropout, (cfg.block_size, C))
+        self.drop = identity                                        # dropout's site
         # orthogonal, scaled so that a wide layer keeps q: the DKS/TAT condition W_1 W_1^T = (M / C) I
         self.fc.weight.data = weight(orthogonal(rng, C, M, max(math.sqrt(M / C), 1.0)), dt)
         self.proj.weight.data = weight(orthogonal(rng, M, C, max(math.sqrt(C / M), 1.0)), dt)
@@ -467,7 +471,7 @@ class GPT(Module):
         self.position = variant("pos", cfg.pos)(cfg, self.plan)
         self.wpe = None
         self.position.build(self, rng)
-        self.drop = Dropout(cfg.dropout, (cfg.block_size, C))        # on the embedding (nanoGPT's)
+        self.drop = identity                                          # dropout's site: the embedding
         make_block, evaluate = getattr(scheme, "block", Block), evaluation(cfg)
         self.blocks = [make_block(cfg, self.plan, l, act, rng, self.position.hooks(l), evaluate)
                        for l in range(1, cfg.n_layer + 1)]
@@ -478,7 +482,7 @@ class GPT(Module):
                 Linear(C, cfg.vocab_size, bias=False, rng=rng, dtype=dt)  # N(0, 1/C)
         norm = variant("norm", cfg.norm)
         self.ln_f = norm.build(cfg) if norm and cfg.uses_final_norm else None
-        self.dropout_masks = None                                     # every Dropout's masks, if any
+        self.dropout_masks = None                                     # every dropout site's masks, if any
         if cfg.dropout:                                               # beyond/dropout.py, by name
             importlib.import_module("nanospa.beyond.dropout").attach(self, seed)
 

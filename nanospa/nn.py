@@ -8,12 +8,11 @@ Buffers (``register_buffer``) are non-trainable arrays that travel with the stat
 numpy.random.Generator handed in, then moved to the current device by backend.asarray.
 
 A Module is in training mode unless ``eval()`` (or ``with module.evaluating():``) says
-otherwise; only Dropout and the layers whose statistics come from the batch
-(nanospa/beyond/norms.py) read the flag.
+otherwise; only dropout's sites (nanospa/beyond/dropout.py) and the layers whose statistics
+come from the batch (nanospa/beyond/norms.py) read the flag.
 
 Here: Parameter, Module, orthogonal (the Haar-random matrix of the SPA initialisation),
-Linear, Embedding, Dropout (its masks' generator and its op: beyond/dropout.py), LayerNorm,
-RMSNorm. Not here: DyT, the batch-statistics norms and GroupNorm (beyond/norms.py), the ops
+Linear, Embedding, LayerNorm, RMSNorm. Not here: dropout (beyond/dropout.py), DyT, the batch-statistics norms and GroupNorm (beyond/norms.py), the ops
 these layers call (functions.py, shape_ops.py, fused.py), and the attention and MLP blocks
 with their signal-propagation initialisation, which model.py writes over the default weights.
 """
@@ -186,27 +185,6 @@ class Embedding(Module):
 
     def forward(self, idx):
         return embedding(self.weight, idx)  # (B, T) -> (B, T, C)
-
-
-# ----------------------------------------------------------------------------- dropout
-
-class Dropout(Module):
-    """Inverted dropout at one site of a model: in training mode each entry of x (B, ...) is
-    kept with probability 1 - p and scaled by 1 / (1 - p), else set to 0 (beyond/dropout.py's
-    op); in evaluation mode, or with p = 0, x itself. `full`: a row's shape at the full block_size.
-    The masks come from the model's DropoutMasks (beyond/dropout.py), which a model with
-    dropout hands to each of its sites with the site's number (model.GPT: `masks`, `site`)."""
-
-    def __init__(self, p, full):
-        super().__init__()
-        self.p, self.full, self.masks, self.site = float(p), tuple(full), None, None
-
-    def forward(self, x):
-        if not self.training or self.p == 0.0:
-            return x
-        if self.masks is None:
-            raise RuntimeError("Dropout: no DropoutMasks (a model hands its own to each of its Dropout sites)")
-        return self.masks.drop(x, self.site, self.p, self.full)
 
 
 class LayerNorm(Module):

@@ -14,8 +14,7 @@ import pytest
 from conftest import tiny_config
 from nanospa import GPT, GPTConfig, Tensor, signal
 from nanospa.gradcheck import check_directions
-from nanospa.beyond.dropout import DropoutMasks
-from nanospa.nn import Dropout
+from nanospa.beyond.dropout import DropoutMasks, DropoutSite
 from nanospa.predict import predict_kernels
 from nanospa.sampling import generate
 from nanospa.run import step, threads
@@ -53,7 +52,7 @@ def test_kept_entries_are_scaled_by_one_over_one_minus_p():
     """Inverted dropout: each entry kept with probability 1 - p (within 5 standard errors over
     2^16 entries), kept ones times exactly 1 / (1 - p), the others 0; so the mean stays."""
     for p in (0.1, 0.5):
-        d = Dropout(p, (16, 64))
+        d = DropoutSite(p, (16, 64))
         d.masks, d.site = DropoutMasks(0), 0
         x = np.ones((64, 16, 64))
         y = d(Tensor(x)).data
@@ -108,16 +107,29 @@ def test_masks_change_with_each_step_and_only_with_it():
     np.testing.assert_array_equal(model(IDX)[0].data, first)
     other = dropped()
     other.dropout_masks = DropoutMasks(1)
-    for site, d in enumerate(m for m in other.modules() if isinstance(m, Dropout)):
+    for site, d in enumerate(m for m in other.modules() if isinstance(m, DropoutSite)):
         d.masks, d.site = other.dropout_masks, site
     assert not np.allclose(other(IDX)[0].data, first)
+
+
+def test_a_model_without_dropout_has_no_sites():
+    """dropout = 0 (the default): every site is model.identity, no DropoutSite is built and the
+    model has no masks; the same shape with dropout has 1 + 3 L sites."""
+    from nanospa.model import identity
+    plain = GPT(tiny_config(n_layer=2))
+    assert not any(isinstance(m, DropoutSite) for m in plain.modules()) and plain.dropout_masks is None
+    assert plain.drop is identity
+    assert all(b.attn.attn_drop is identity and b.attn.resid_drop is identity and b.mlp.drop is identity
+               for b in plain.blocks)
+    dropped_ = GPT(tiny_config(n_layer=2, dropout=0.1))
+    assert sum(isinstance(m, DropoutSite) for m in dropped_.modules()) == 1 + 3 * 2
 
 
 def test_every_site_has_its_own_masks():
     """nanoGPT's places, each a numbered site: the embedding, each attention's P and output,
     each MLP's output; two sites never share masks."""
     model = dropped()
-    sites = [(name, m.site) for name, m in _named_modules(model) if isinstance(m, Dropout)]
+    sites = [(name, m.site) for name, m in _named_modules(model) if isinstance(m, DropoutSite)]
     assert sorted(s for _, s in sites) == list(range(1 + 3 * model.config.n_layer))
     assert {name.rsplit(".", 1)[-1] for name, _ in sites} == {"drop", "attn_drop", "resid_drop"}
     x = np.zeros((2, 8, 8))

@@ -10,7 +10,7 @@ initialisation (docs/adding_a_variant.md), and one row of EXTENSIONS:
     norm                     dyt, batchnorm, prepbn, groupnorm: norms.py
     residual                 deepnorm: schemes.py; ngpt: ngpt.py (its own block, embedding, head)
     evaluation (of softmax)  by blocks at long T: blockwise.py; RealFormer's carried scores: schemes.py
-    dropout's masks          nanoGPT's dropout (nn.Dropout's generator and op): dropout.py
+    dropout                  nanoGPT's dropout (its sites, their masks' generator and op): dropout.py
     the head                 tied embeddings (the head is W_e^T / sqrt(C)): tied.py
     optimiser                K-FAC: kfac.py; Muon: muon.py; muP's rates: optimizers.py
 

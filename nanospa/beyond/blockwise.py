@@ -63,7 +63,7 @@ def evaluation(cfg):
     block = cfg.attention_block
 
     def evaluate(q, k, v, scale, bias, carry=None, drop=None):
-        if drop is not None and drop.p:                  # GPTConfig refuses dropout here
+        if getattr(drop, "p", 0.0):                  # GPTConfig refuses dropout here
             raise ValueError("attention by blocks has no (T, T) P to drop: dropout needs attention_impl='dense'")
         stored, blocks = bias
         fixed = None if blocks is None else (lambda i0, i1, j0, j1: blocks(i0, i1, j0, j1, q.dtype))

@@ -1,7 +1,7 @@
-"""Dropout's masks and op (nanoGPT's dropout, docs/method.md §2.5; beyond the paper): the
-generator a model with GPTConfig.dropout > 0 attaches (model.GPT looks attach up by name) and
-hands to each of its nn.Dropout sites, and the op that applies a mask (Dropout; its spelling
-dropout). Each row draws its own masks from its index in the step's batch
+"""Dropout (nanoGPT's, docs/method.md §2.5; beyond the paper): the sites a model with
+GPTConfig.dropout > 0 gets at nanoGPT's places (attach, which model.GPT looks up by name;
+model.py leaves `identity` there otherwise), the masks' generator they share (DropoutMasks),
+and the op that applies a mask (Dropout; its spelling dropout). Each row draws its own masks from its index in the step's batch
 (run/threads.batch_rows), so a step is the same however it is split.
 """
 import math
@@ -10,8 +10,7 @@ import numpy as np
 
 from .. import backend
 from ..functions import scale_where
-from ..model import DENSE_MAX_T, dense
-from .. import nn
+from ..model import DENSE_MAX_T, MLP, GPT, Attention, dense
 from ..nn import Module
 from ..run.threads import first_row
 from ..tensor import Function, Tensor
@@ -49,12 +48,41 @@ def mix32(x):
 
 
 def attach(model, seed):
-    """Give a model with dropout its masks (model.dropout_masks) and number its nn.Dropout
-    sites (nanoGPT's places, which model.py builds) in module order."""
+    """Put a DropoutSite at each of nanoGPT's places in `model` (the embedding, each attention's
+    P and output, each MLP's output), numbered in module order, and give the model the masks
+    they share (model.dropout_masks)."""
+    cfg = model.config
+    p, T, C = cfg.dropout, cfg.block_size, cfg.n_embd
+    for m in list(model.modules()):
+        if isinstance(m, GPT):
+            m.drop = DropoutSite(p, (T, C))                       # the embedding
+        elif isinstance(m, Attention):
+            m.attn_drop = DropoutSite(p, (cfg.n_head, T, T))     # P
+            m.resid_drop = DropoutSite(p, (T, C))                # the attention's output
+        elif isinstance(m, MLP):
+            m.drop = DropoutSite(p, (T, C))                      # the MLP's output
     masks = DropoutMasks(seed)
-    for site, d in enumerate(m for m in model.modules() if isinstance(m, nn.Dropout)):
+    for site, d in enumerate(m for m in model.modules() if isinstance(m, DropoutSite)):
         d.masks, d.site = masks, site
     model.dropout_masks = masks
+
+
+class DropoutSite(Module):
+    """Inverted dropout at one site of a model: in training mode each entry of x (B, ...) is
+    kept with probability 1 - p and scaled by 1 / (1 - p), else set to 0 (the op Dropout
+    below); in evaluation mode, or with p = 0, x itself. `full`: a row's shape at the full
+    block_size. Its masks: the model's DropoutMasks, with the site's number (attach)."""
+
+    def __init__(self, p, full):
+        super().__init__()
+        self.p, self.full, self.masks, self.site = float(p), tuple(full), None, None
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        if self.masks is None:
+            raise RuntimeError("DropoutSite: no DropoutMasks (attach hands a model's own to each of its sites)")
+        return self.masks.drop(x, self.site, self.p, self.full)
 
 
 class DropoutMasks(Module):
@@ -92,7 +120,7 @@ class DropoutMasks(Module):
         self.key, self.step = [int(w) for w in state["key"]], int(state["step"])
 
     def drop(self, x, site, p, full):
-        """x (a Tensor (B, ...)) through dropout at `site` with rate p (nn.Dropout.forward)."""
+        """x (a Tensor (B, ...)) through dropout at `site` with rate p (DropoutSite.forward)."""
         return dropout(x, self.keep(x.data, site, p, full), p)
 
     def keep(self, x, site, p, full):

@@ -56,7 +56,7 @@ def by_heads(q, k, v, scale, bias, carry=None, drop=None):
     B, H, n, _ = q.shape
     T = k.shape[-2]
     groups = min(threads.threads(), H)
-    dropping = drop is not None and drop.training and drop.p > 0.0
+    dropping = getattr(drop, "p", 0.0) > 0.0 and drop.training     # a DropoutSite in training
     b = dense_bias(bias, T, q.dtype, n)
     small = (H // max(groups, 1)) * n * T < MIN_GROUP_LOGITS
     if groups < 2 or small or threads.in_worker() or dropping or n != T or (isinstance(b, Tensor) and b.requires_grad):
