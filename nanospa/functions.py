@@ -1,10 +1,10 @@
 """The elementwise primitives: one small Function per op, forward above backward.
 
-Here: arithmetic (Add, Sub, Mul, Div, Neg, Pow), the activations (Activation: any phi of
-signal.activations.ACTIVATIONS, the one definition the DKS/TAT maths use too), and the shaped
-activation of DKS/TAT in one op (Shaped: signal.activations.PhiHat, one definition too). Each
-output entry depends only on the same entry of each (broadcast) input, so each backward is a
-product with a local derivative.
+Here: arithmetic (Add, Sub, Mul, Div, Neg, Pow) and the shaped activation of DKS/TAT in one
+op (Shaped: signal.activations.PhiHat, the one definition of phi_hat, which the DKS/TAT maths
+evaluate too; a plain phi by name is more_ops.activation). Each output entry depends only on
+the same entry of each (broadcast) input, so each backward is a product with a local
+derivative.
 
 Not here: ops that change shape (reductions, matmul, reshape, indexing, embedding:
 shape_ops.py) and the fused multi-step ops with closed-form backwards (softmax,
@@ -18,7 +18,6 @@ result; tensor.unbroadcast sums it back to each input's shape, so no op here thi
 broadcasting. Constants are Python floats (never NumPy float64 scalars), so float32 stays
 float32 under NumPy 2's promotion rules.
 """
-from .signal.activations import ACTIVATIONS
 from .tensor import Function
 
 # ---------------------------------------------------------------- arithmetic
@@ -83,26 +82,7 @@ class Pow(Function):
         return g * (ctx.p * x ** (ctx.p - 1.0))
 
 
-# ---------------------------------------------------------------- activations
-
-
-# Every activation phi is defined once, in nanospa/signal/activations.py (ACTIVATIONS: phi,
-# phi', phi'' as functions of any array module), and so is phi_hat (PhiHat); the DKS/TAT maths
-# read the same definitions: the ops below evaluate them, so the model runs the phi_hat that
-# signal/ solved for.
-
-class Activation(Function):
-    """y = phi(x) for ``name`` in signal.activations.ACTIVATIONS (relu, leaky_relu, gelu,
-    gelu_exact, tanh, sigmoid, softplus, elu, swish, linear); ``kw`` its options (a leaky
-    ReLU's negative_slope). Backward: phi'(x) g."""
-
-    def forward(ctx, x, name, **kw):
-        ctx.act, ctx.kw = ACTIVATIONS[name], kw
-        ctx.save(x)
-        return ctx.act.fn(x, xp=ctx.xp, **kw)
-
-    def backward(ctx, g):
-        return g * ctx.act.d1(ctx.saved[0], ctx.xp, **ctx.kw)
+# ---------------------------------------------------------------- the shaped activation
 
 
 def scale_where(x, cond, k_true, k_false):

@@ -1,6 +1,6 @@
 """Ops the model does not call, kept for your own equations: exp, log, sqrt, max, where,
-concatenate, split and any activation by name. Not on the first reading pass (nothing in
-nanospa/ imports this file); gradient-checked like the engine's own ops (tests/test_more_ops.py).
+concatenate, split and any activation by name. Not on the first reading pass (the model does
+not import this file; beyond/norms.py's DyT does); gradient-checked like the engine's own ops (tests/test_more_ops.py).
 
     from nanospa.more_ops import exp, log, where
     y = where(mask, exp(x), log(x * x + 1.0))
@@ -9,8 +9,8 @@ Each is a Function in the engine's style (forward above backward, on ctx.xp: Num
 spelled as a plain function of Tensors.
 """
 from . import backend
-from .functions import Activation
 from .shape_ops import _expand
+from .signal.activations import ACTIVATIONS
 from .tensor import Function, Tensor
 
 
@@ -134,8 +134,22 @@ def split(x, sizes, axis=0):
     return out
 
 
+class Activation(Function):
+    """y = phi(x) for ``name`` in signal.activations.ACTIVATIONS (relu, leaky_relu, gelu,
+    gelu_exact, tanh, sigmoid, softplus, elu, swish, linear), the one definition of phi that
+    the DKS/TAT maths read too; ``kw`` its options (a leaky ReLU's negative_slope). Backward:
+    phi'(x) g. The model's phi_hat is functions.Shaped."""
+
+    def forward(ctx, x, name, **kw):
+        ctx.act, ctx.kw = ACTIVATIONS[name], kw
+        ctx.save(x)
+        return ctx.act.fn(x, xp=ctx.xp, **kw)
+
+    def backward(ctx, g):
+        return g * ctx.act.d1(ctx.saved[0], ctx.xp, **ctx.kw)
+
+
 def activation(x, name, **params):
-    """phi(x) for any activation of signal.activations.ACTIVATIONS by name (e.g. "gelu",
-    "leaky_relu" with negative_slope=...): functions.Activation, the definition the DKS/TAT
-    maths read."""
+    """phi(x) for any activation of signal.activations.ACTIVATIONS by name (e.g. "tanh", "gelu",
+    "leaky_relu" with negative_slope=...)."""
     return Activation.apply(x, name=name, **params)

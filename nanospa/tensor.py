@@ -28,7 +28,7 @@ What happens in ``loss.backward()``:
      first one's forward) is an error, never a silently partial gradient: sum the losses
      and call backward once.
 
-Operator sugar (``+ - * / ** @``, indexing, ``.sum()``, ``.tanh()`` ...) is written out
+Operator sugar (``+ - * / ** @``, indexing, ``.sum()``, ``.reshape()`` ...) is written out
 below in terms of the Functions, one line each: no registration by reflection. It imports
 functions.py and shape_ops.py at the bottom of this file, the one import cycle of the
 engine (they need Function and Tensor from here); the fused ops have no sugar.
@@ -240,7 +240,6 @@ class Tensor:
 
     def sum(self, axis=None, keepdims=False): return S.Sum.apply(self, axis=axis, keepdims=keepdims)
     def mean(self, axis=None, keepdims=False): return S.Mean.apply(self, axis=axis, keepdims=keepdims)
-    def tanh(self): return F.Activation.apply(self, name="tanh")
     def reshape(self, *shape): return S.Reshape.apply(self, shape=_shape_arg(shape))
     def transpose(self, *axes): return S.Transpose.apply(self, axes=_shape_arg(axes) or None)
     T = property(lambda self: S.Transpose.apply(self, axes=None))

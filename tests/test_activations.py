@@ -20,6 +20,7 @@ import pytest
 from nanospa import functions as F
 from nanospa.config import BASE_ACTIVATIONS
 from nanospa.gradcheck import check_jacobian
+from nanospa.more_ops import Activation
 from nanospa.signal import act_transform, activations as ac, local_maps
 from nanospa.signal.beyond import activations as bac
 from nanospa.tensor import Tensor
@@ -35,7 +36,7 @@ OPTIONS = {"leaky_relu": {"negative_slope": 0.2}}
 def engine(name, x, **kw):
     """(phi(x), phi'(x)) as the engine's Activation op computes them, in float64."""
     t = Tensor(x.copy(), requires_grad=True)
-    y = F.Activation.apply(t, name=name, **kw)
+    y = Activation.apply(t, name=name, **kw)
     y.backward(np.ones_like(x))
     return y.data, t.grad
 
@@ -185,7 +186,7 @@ def test_float32_stays_float32(name):
     assert base.fn(x32, **kw).dtype == np.float32
     assert base.d1(x32, np, **kw).dtype == np.float32 and base.d2(x32, np, **kw).dtype == np.float32
     t = Tensor(x32, requires_grad=True)
-    y = F.Activation.apply(t, name=name, **kw)
+    y = Activation.apply(t, name=name, **kw)
     y.backward(np.ones_like(x32))
     assert y.dtype == np.float32 and t.grad.dtype == np.float32
 

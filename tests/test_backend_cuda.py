@@ -11,7 +11,7 @@ import pytest
 
 from nanospa import GPT, GPTConfig, Tensor, backend
 from nanospa import fused
-from nanospa.functions import Activation
+from nanospa.more_ops import Activation
 from test_gpu import _variants
 
 pytestmark = pytest.mark.skipif(not backend.cuda_available(), reason="CuPy with a GPU is not available")

@@ -15,6 +15,7 @@ from nanospa import Tensor
 from nanospa import functions as F
 from nanospa.beyond.dropout import dropout
 from nanospa.gradcheck import check_jacobian
+from nanospa.more_ops import Activation
 from nanospa.signal.activations import PhiHat
 
 R = np.random.default_rng(0)
@@ -37,8 +38,8 @@ KEEP = R.uniform(size=(2, 3, 4)) > 0.3     # a fixed dropout mask: the op is che
 
 
 def act(name, **kw):
-    """functions.Activation of ACTIVATIONS[name] (Tensor.tanh is its only sugar)."""
-    return lambda t: F.Activation.apply(t, name=name, **kw)
+    """more_ops.Activation of ACTIVATIONS[name]."""
+    return lambda t: Activation.apply(t, name=name, **kw)
 
 
 def shaped(t, base, **kw):
@@ -56,7 +57,7 @@ OPS = {
     "pow": (lambda a: a ** 2.5, [positive(3, 4)]),
     "rsub_scalar": (lambda a: 2.0 - a * 3.0, [normal(3, 4)]),
     "rdiv_scalar": (lambda a: 1.5 / a, [positive(3, 4)]),
-    "tanh": (lambda a: a.tanh(), [normal(3, 4)]),
+    "tanh": (act("tanh"), [normal(3, 4)]),
     "sigmoid": (act("sigmoid"), [normal(3, 4) * 3]),
     "relu": (act("relu"), [away_from_zero(3, 4)]),
     "leaky_relu": (act("leaky_relu", negative_slope=0.2), [away_from_zero(3, 4)]),

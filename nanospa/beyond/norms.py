@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import backend
 from ..fused import LAYER_NORM_EPS, layer_norm
+from ..more_ops import activation
 from ..model import Norm
 from ..nn import LayerNorm, Module, Parameter
 from ..run.threads import current_slice
@@ -232,7 +233,7 @@ class DyT(Module):
         self.bias = Parameter(np.zeros(dim), dtype=dtype, no_decay=True)
 
     def forward(self, x):
-        return (x * self.alpha).tanh() * self.weight + self.bias
+        return activation(x * self.alpha, "tanh") * self.weight + self.bias
 
 
 def check_config(cfg):

@@ -71,7 +71,7 @@ def sigmoid(x, xp=None):
 #
 # Each takes (x, xp) with xp the array module; at a kink the right derivative for x > 0
 # and the left one otherwise. phi' is what the engine's backward multiplies by
-# (functions.Activation, and functions.Shaped through PhiHat); phi'' enters the DKS/TAT conditions.
+# (functions.Shaped through PhiHat, and more_ops.Activation); phi'' enters the DKS/TAT conditions.
 
 def _one(x):
     return x * 0.0 + 1.0             # a constant 1 of x's shape and dtype
@@ -128,7 +128,7 @@ def _d2_sigmoid(x, xp):
 class BaseActivation:
     """One base activation: phi and its first two derivatives, each (x, xp, **kw) on arrays
     of any float dtype and module. The one definition of phi: the engine's ops
-    (functions.Activation, and functions.Shaped through PhiHat) evaluate fn and d1, the Q/C
+    (functions.Shaped through PhiHat, and more_ops.Activation) evaluate fn and d1, the Q/C
     maps and the DKS/TAT solvers (through PhiHat) fn, d1 and d2; tests/test_activations.py
     holds the three equal to each other and to finite differences, in float64, for every
     entry."""
