@@ -87,8 +87,8 @@ TRAIN_DEFAULTS = dict(
     lr_decay_iters=0,          # cosine decay reaches min_lr here, then min_lr; 0 = max_iters of the run's start
     min_lr=RATES["adamw"]["min_lr"],  # final learning rate: 2e-4 with AdamW, 3e-3 with --optimizer=kfac, 2e-3 with muon, unless given
     weight_decay=0.0,          # AdamW decoupled weight decay (never on no_decay parameters)
-    beta1=0.9,                 # AdamW beta1 (K-FAC: its Adam fallback's)
-    beta2=0.95,                # AdamW beta2 (K-FAC: its Adam fallback's)
+    beta1=0.9,                 # AdamW beta1 (K-FAC, Muon: their Adam fallback's)
+    beta2=0.95,                # AdamW beta2 (K-FAC, Muon: their Adam fallback's)
     grad_clip=1.0,             # clip the global gradient norm to this; 0 = off
     sample_tokens=300,         # tokens generated at the end; 0 = no sample
     start="\n",                # prompt of the sample
@@ -122,11 +122,12 @@ def usage():
 
 def train(argv):
     """The whole run -> exit status; raises for bad input (main turns that into one line)."""
+    # rates_for: an --optimizer's own learning_rate and min_lr, where the command line gives none
     with Session(argv, DEFAULTS, PRESETS, check_settings, MODEL_KEYS, rates_for) as run:  # out_dir, lock, signals, resume
         s, world = run.settings, run.world
         if run.nothing_to_do:
             return 0
-        B, A, T = s["batch_size"], s["grad_accum"], s["block_size"]
+        B, A, T = s["batch_size"], s["grad_accum"], s["block_size"]   # A: micro-batches a step (not A_l)
 
         # -- device and seed
         world.use_device(s["device"])                 # cuda: the GPU of this local rank, NCCL
@@ -153,8 +154,8 @@ def train(argv):
         probe = eval_sets["val"][0][0][:PROBE_ROWS, :SIGNAL_POSITIONS]
 
         # -- model and init summary
-        evaluate = evaluation(cfg)                     # dense attention shares its heads, by blocks its blocks
-        shares = evaluate is dense_attention or getattr(evaluate, "by_blocks", False)
+        attn_impl = evaluation(cfg)                    # dense attention shares its heads, by blocks its blocks,
+        shares = attn_impl is dense_attention or getattr(attn_impl, "by_blocks", False)   # so threads > sequences pays
         threads.set_threads(threads.cpu_threads(s["threads"], B // world.size, shares) if s["device"] == "cpu" else 1)
         malloc.keep_freed_memory()                    # no page faults from each step's fresh arrays
         model = GPT(cfg, seed=s["seed"])              # ValueError: e.g. an unreachable activation target
@@ -242,7 +243,7 @@ def train(argv):
                 run.watch(it + 1, loss, norm)         # Diverged: non-finite, or exploded
                 optimizer.step()
                 optimizer.zero_grad()
-                model.after_step()                    # schemes with per-step state (nGPT, PRepBN)
+                model.after_step()                    # schemes with per-step state (nGPT, PRepBN, dropout's masks)
 
                 n, tokens = it + 1, tokens + B * A * T
                 tokens_per_s = tokens / (time.perf_counter() - t0)
@@ -261,7 +262,7 @@ def train(argv):
                     run.log(record)
                     tokens, t0 = 0, time.perf_counter()   # evaluation time is not training time
                 if n % s["checkpoint_interval"] == 0 or n == s["max_iters"]:
-                    run.save(n, loss, mean_loss([(x, y)]))   # the state after the update, if good
+                    run.save(n, loss, mean_loss([(x, y)]))   # saved unless the updated model scores > 2x the best loss on this batch
         print(f"done: iter {n}" + (f", {ds.loss_text(record)} (best {run.best_val:.4f})"
                                    if n > start and "val_loss" in record else "")
               + f"; checkpoint {run.last_good()}, log {run.files.log_path}")

@@ -2,7 +2,8 @@
 
 Every op resolves its array module (``xp``) from the arrays it receives, so the same
 forward/backward code runs on NumPy and on CuPy, and a float64 CPU gradient check can
-run in the same process as a GPU model. CuPy is imported here and nowhere else.
+run in the same process as a GPU model. CuPy is imported here and nowhere else (but for
+cupyx's erf, which signal/beyond/activations.py's exact GELU looks up on a GPU).
 
     use("cpu" | "cuda")   choose where new parameters and batches live (on "cuda": the GPU
                           current in the calling thread, which bind_thread gives the others)

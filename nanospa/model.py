@@ -21,14 +21,17 @@ and each sublayer's output: `identity` in a model without it; with p > 0, beyond
 attach puts a DropoutSite at each (its masks moved on by after_step).
 
 Sampling (generate, and its KV cache: forward's `cache`, and kv_cache = True on each
-variant that is exact with it) is nanospa/sampling.py's, read second.
+variant that is exact with it, stated on each class, since a subclass that inherits it may
+compute something else) is nanospa/sampling.py's, read second.
 
 A variant is one class in one registry, its forward beside what it is at initialisation
 (docs/adding_a_variant.md): ATTENTIONS (at_init: the matrix A_l a block applies), NORMS and
 RESIDUALS (at_init: their kernel maps), POSITIONS (at_init: the input kernel Sigma_0). The
 predictions at init (predict.py) walk the same classes, so a variant cannot run as one thing
 and be predicted as another. A value the registries do not hold is an extension: variant()
-looks it up in nanospa/beyond/, imported only then (the paper's variants never load it).
+looks it up in nanospa/beyond/, imported only then. The paper's variants load nothing from
+beyond/ up to block_size DENSE_MAX_T; above it `evaluation` computes attention by blocks
+(beyond/blockwise.py), and the tied head and dropout are loaded when their fields ask.
 
 Initialisation, each in one visible line (method §2.4; [follow-up]: the paper's follow-up
 choice, [choice]: nanospa's documented choice):
@@ -94,8 +97,10 @@ class ShapedActivation:
 def dense_attention(q, k, v, scale, bias, carry=None, drop=None):
     """softmax(scale Q K^T + bias + causal mask) V with the whole (B, H, T, T) matrix P ->
     (y, P). bias: (stored, blocks), a stored (T_max, T_max) B (an array, or a Parameter) and a
-    function (i0, i1, j0, j1, dtype) -> a block of fixed logits made on demand; either None.
-    drop: the attention's dropout site on P (identity without dropout), or None. With fewer
+    function (i0, i1, j0, j1, dtype) -> a block of fixed logits made on demand (for attention
+    by blocks, beyond/blockwise.py); either None. carry: what one block hands the next
+    (RealFormer's scores, beyond/), unused here. drop: the attention's dropout site on P
+    (identity without dropout), or None. With fewer
     queries than keys (generation's cache: n new rows, (B, H, n, hs), against the T keys and
     values kept) the queries are the last n positions, and P is their (B, H, n, T) rows."""
     T = k.shape[-2]
@@ -230,7 +235,8 @@ class SPA(Attention):
     B_l and D_l of block l from the plan (signal.layer_bias). W^Q = 0 at init, so A_l =
     diag(D_l) softmax(B_l): the plan's matrix, exactly. B = tril(B_l) is a (T, T) buffer (a
     Parameter with train_bias) and D_l a (T,) buffer; where attention is evaluated by blocks
-    (at long T), B_l stays as its O(T) parts and each block is made on the device on demand."""
+    (above DENSE_MAX_T: beyond/blockwise.py), B_l stays as its O(T) parts and each block is
+    made on the device on demand."""
     kv_cache = True     # the new rows of B_l (dense_bias: sliced, or made from the O(T) parts) and of D_l
 
     @staticmethod
@@ -425,8 +431,8 @@ REGISTRIES = {"attention": ATTENTIONS, "norm": NORMS, "residual": RESIDUALS, "po
 
 def variant(field, name):
     """The class of GPTConfig.<field> = name: from the registries above, else an extension of
-    nanospa/beyond/ (imported here, and only here: the paper's variants never load it);
-    ValueError naming the value and the allowed ones when neither holds it."""
+    nanospa/beyond/, imported by name only then; ValueError naming the value and the allowed
+    ones when neither holds it."""
     registry = REGISTRIES[field]
     if name not in registry:
         return importlib.import_module("nanospa.beyond").variant(field, name, known=tuple(registry))

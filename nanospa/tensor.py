@@ -167,7 +167,7 @@ class Tensor:
     def backward(self, grad=None, leaf_grads=None):
         """Back-propagate from this tensor; leaves accumulate into ``.grad``, or, when a dict
         ``leaf_grads`` is given, their gradients are stored there ({leaf: array}) and
-        ``.grad`` is left alone (run/threads.sharded_backward adds them up in a fixed order)."""
+        ``.grad`` is left alone (run/threads.py's SlicedLoss.backward adds them up in a fixed order)."""
         if not self.requires_grad:
             raise RuntimeError(f"backward through a tensor of shape {self.shape} that does not "
                                "require grad (no parameter with requires_grad=True reached it)")

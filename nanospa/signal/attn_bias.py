@@ -225,7 +225,7 @@ def layer_bias(plan, l, T=None):
     `python -m nanospa.signal` read the same. The plan is read by duck typing (kind,
     schedule, overrides, block_size)."""
     T = plan.block_size if T is None else T
-    own = plan.overrides[l - 1] if plan.overrides is not None else None
+    own = plan.overrides[l - 1] if plan.overrides is not None else None   # non-default policies only
     if own is not None and own[0] is not None:
         return {"kind": "dense", "B": own[0][:T, :T]}, own[1][:T]
     source = {"espa": espa_bias, "uspa": uspa_bias}.get(plan.kind)

@@ -53,12 +53,13 @@ class Plan:
                 without SPA. attn_bias.layer_bias(plan, l) gives block l's (B_l, D_l)
     overrides   None, or per layer None / (None, D_l) / (B_l, D_l) where the policy moved
                 A_l off the schedule's closed form: qpreserve's D_l (B_l stays the closed
-                form), mlp_aware's realised A_l (a dense B_l: no closed form)
+                form), mlp_aware's realised A_l (a dense B_l: no closed form); non-default
+                policies only (signal/beyond/policies.py): the default plan has None
     activation  the keyword arguments of act_transform.activation_transform for the MLP's
                 phi_hat: activation (base), method, and depth and targets when shaped
     info        the chosen targets and what the policy predicted, for printing and logging
     prior       pos="spa_prior": the Plan of the E-SPA model whose B_l the model adds to its
-                softmax logits (positions.spa_prior_config; its D_l is not used); else None
+                softmax logits (signal/beyond/positions.py spa_prior_config; its D_l is not used); else None
     notes       what the plan could not do as asked, in words (a target clamped to the largest
                 reachable value: TAT's leaky ReLU then is a ReLU, up to rounding)
     """
