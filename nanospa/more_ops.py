@@ -1,6 +1,7 @@
 """Ops the model does not call, kept for your own equations: exp, log, sqrt, max, where,
 concatenate, split and any activation by name. Not on the first reading pass (the model does
-not import this file; beyond/norms.py's DyT does); gradient-checked like the engine's own ops (tests/test_more_ops.py).
+not import this file; beyond/norms.py's DyT does); gradient-checked like the engine's own ops
+(tests/test_more_ops.py).
 
     from nanospa.more_ops import exp, log, where
     y = where(mask, exp(x), log(x * x + 1.0))

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import perturbed_model, tiny_config
 from nanospa import Tensor
-from nanospa.more_ops import Activation, activation
+from nanospa.more_ops import activation
 from nanospa.gradcheck import check_directions, check_jacobian, tensor64
 from nanospa.tensor import Function
 
@@ -50,7 +50,7 @@ def test_checker_catches_a_transposed_backward_that_a_plain_sum_would_miss():
 def test_directional_check_on_a_small_network():
     W1, W2 = tensor64(normal(4, 8)), tensor64(normal(8, 3))
     x = Tensor(normal(5, 4))
-    err = check_directions(lambda: activation(Activation.apply(x @ W1, name="gelu") @ W2, "tanh"), [W1, W2], n_directions=4)
+    err = check_directions(lambda: activation(activation(x @ W1, "gelu") @ W2, "tanh"), [W1, W2], n_directions=4)
     assert err < 1e-6
 
 
